@@ -1,0 +1,311 @@
+#include "common/config.h"
+
+#include <arpa/inet.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace maestro {
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+long long parseInt(const std::string& knob, const std::string& text, long long lo, long long hi) {
+  std::string t = trim(text);
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(t.c_str(), &end, 10);
+  MAESTRO_CHECK(!t.empty() && end != nullptr && *end == '\0' && errno == 0, knob, "='", text,
+                "' is not an integer");
+  MAESTRO_CHECK(v >= lo && v <= hi, knob, "=", v, " is out of range [", lo, ", ", hi, "]");
+  return v;
+}
+
+double parseSeconds(const std::string& knob, const std::string& text, double lo, double hi) {
+  std::string t = trim(text);
+  char* end = nullptr;
+  double v = std::strtod(t.c_str(), &end);
+  MAESTRO_CHECK(!t.empty() && end != nullptr && *end == '\0' && std::isfinite(v), knob, "='",
+                text, "' is not a number of seconds");
+  MAESTRO_CHECK(v >= lo && v <= hi, knob, "=", v, " is out of range [", lo, ", ", hi, "]");
+  return v;
+}
+
+bool parseBool(const std::string& knob, const std::string& text) {
+  std::string t = lower(trim(text));
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  fail(knob, "='", text, "' is not a boolean (use 0 or 1)");
+}
+
+std::string oneOf(const std::string& knob, const std::string& text,
+                  const std::vector<std::string>& allowed) {
+  std::string t = lower(trim(text));
+  for (const auto& a : allowed)
+    if (t == a) return a;
+  std::string list;
+  for (size_t i = 0; i < allowed.size(); ++i) list += (i ? ", " : "") + allowed[i];
+  fail(knob, "='", text, "' is not one of ", list);
+}
+
+bool isIpLiteral(const std::string& s) {
+  unsigned char buf[16];
+  return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + v[i];
+  return out;
+}
+
+std::string levelText(LogLevel level) {
+  switch (level) {
+    case LogLevel::kNone: return "NONE";
+    case LogLevel::kWarn: return "WARN";
+    case LogLevel::kInfo: return "INFO";
+    case LogLevel::kTrace: return "TRACE";
+  }
+  return "?";
+}
+
+std::string joinDoubles(const std::vector<double>& v) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+  return os.str();
+}
+
+std::vector<Knob> buildKnobs() {
+  return {
+      {"debug", "MAESTRO_DEBUG", "WARN", "log level: NONE, WARN, INFO (knobs, path table, stats), TRACE",
+       false, [](const Config& c) { return levelText(c.debug); },
+       [](Config& c, const std::string& v) { c.debug = parseLogLevel(trim(v)); }},
+      {"transport", "MAESTRO_TRANSPORT", "auto",
+       "auto (verbs when an RDMA device has a GID for every vNIC, else tcp), tcp, verbs", true,
+       [](const Config& c) { return c.transport; },
+       [](Config& c, const std::string& v) {
+         c.transport = oneOf("MAESTRO_TRANSPORT", v, {"auto", "tcp", "verbs"});
+       }},
+      {"vnics", "MAESTRO_VNICS", "",
+       "comma-separated local vNIC addresses (IP aliases), one path each; default: loopback "
+       "127.0.0.1-4 when all ranks share one host, else the address that reaches the peers",
+       false,
+       [](const Config& c) { return join(c.vnics); },
+       [](Config& c, const std::string& v) {
+         c.vnics = splitList(v);
+         for (const auto& a : c.vnics)
+           MAESTRO_CHECK(isIpLiteral(a), "MAESTRO_VNICS: '", a, "' is not an IP address");
+       }},
+      {"ifname", "MAESTRO_IFNAME", "", "take the vNIC addresses from this interface's addresses",
+       false, [](const Config& c) { return c.ifname; },
+       [](Config& c, const std::string& v) { c.ifname = trim(v); }},
+      {"paths", "MAESTRO_PATHS", "0",
+       "paths per peer (0: one per vNIC; more than the vNICs reuses them with new source ports)",
+       true, [](const Config& c) { return std::to_string(c.paths); },
+       [](Config& c, const std::string& v) {
+         c.paths = static_cast<int>(parseInt("MAESTRO_PATHS", v, 0, 64));
+       }},
+      {"chunk_size", "MAESTRO_CHUNK_SIZE", "51200",
+       "bytes per chunk, the unit spread over paths (K/M suffixes; multiple of 64)", true,
+       [](const Config& c) { return std::to_string(c.chunk_size); },
+       [](Config& c, const std::string& v) {
+         size_t s = parseSize("MAESTRO_CHUNK_SIZE", v);
+         MAESTRO_CHECK(s >= 4096 && s <= (64u << 20) && s % 64 == 0, "MAESTRO_CHUNK_SIZE=", s,
+                       " must be a multiple of 64 between 4096 and 64M");
+         c.chunk_size = s;
+       }},
+      {"policy", "MAESTRO_POLICY", "round_robin",
+       "load balancer: round_robin, weighted, adaptive, latency, single", true,
+       [](const Config& c) { return std::string(policyName(c.policy)); },
+       [](Config& c, const std::string& v) {
+         std::string p = oneOf("MAESTRO_POLICY", v,
+                               {"round_robin", "weighted", "adaptive", "latency", "single"});
+         c.policy = p == "round_robin" ? Policy::kRoundRobin
+                    : p == "weighted"  ? Policy::kWeighted
+                    : p == "adaptive"  ? Policy::kAdaptive
+                    : p == "latency"   ? Policy::kLatency
+                                       : Policy::kSingle;
+       }},
+      {"weights", "MAESTRO_WEIGHTS", "",
+       "policy=weighted: comma-separated relative path weights (empty: measured throughput)",
+       false,
+       [](const Config& c) { return joinDoubles(c.weights); },
+       [](Config& c, const std::string& v) {
+         c.weights.clear();
+         for (const auto& w : splitList(v)) {
+           char* end = nullptr;
+           double d = std::strtod(w.c_str(), &end);
+           MAESTRO_CHECK(end && *end == '\0' && std::isfinite(d) && d >= 0, "MAESTRO_WEIGHTS: '",
+                         w, "' is not a non-negative number");
+           c.weights.push_back(d);
+         }
+       }},
+      {"window", "MAESTRO_WINDOW", "8", "chunks in flight per path (paper: 8 outstanding WRs)",
+       false, [](const Config& c) { return std::to_string(c.window); },
+       [](Config& c, const std::string& v) {
+         c.window = static_cast<int>(parseInt("MAESTRO_WINDOW", v, 1, 1024));
+       }},
+      {"segment_size", "MAESTRO_SEGMENT_SIZE", "1M",
+       "collective pipeline segment (reduce one while the next arrives); grown for huge tensors",
+       true,
+       [](const Config& c) { return std::to_string(c.segment_size); },
+       [](Config& c, const std::string& v) {
+         size_t s = parseSize("MAESTRO_SEGMENT_SIZE", v);
+         MAESTRO_CHECK(s >= 4096 && s <= (1u << 30) && s % 64 == 0, "MAESTRO_SEGMENT_SIZE=", s,
+                       " must be a multiple of 64 between 4096 and 1G");
+         c.segment_size = s;
+       }},
+      {"scratch_slots", "MAESTRO_SCRATCH_SLOTS", "4",
+       "reduce-scatter receive slots per group = credits the writer holds", true,
+       [](const Config& c) { return std::to_string(c.scratch_slots); },
+       [](Config& c, const std::string& v) {
+         c.scratch_slots = static_cast<int>(parseInt("MAESTRO_SCRATCH_SLOTS", v, 2, 256));
+       }},
+      {"reg_cache_size", "MAESTRO_REG_CACHE_SIZE", "256", "memory registrations cached per group",
+       false, [](const Config& c) { return std::to_string(c.reg_cache_size); },
+       [](Config& c, const std::string& v) {
+         c.reg_cache_size = static_cast<size_t>(parseInt("MAESTRO_REG_CACHE_SIZE", v, 1, 1 << 20));
+       }},
+      {"small_msg", "MAESTRO_SMALL_MSG", "16K",
+       "policy=latency: messages up to this many bytes take the lowest-RTT path", true,
+       [](const Config& c) { return std::to_string(c.small_msg); },
+       [](Config& c, const std::string& v) { c.small_msg = parseSize("MAESTRO_SMALL_MSG", v); }},
+      {"busy_poll", "MAESTRO_BUSY_POLL", "0",
+       "verbs: busy-poll the completion queue (lower latency, one core) instead of sleeping", false,
+       [](const Config& c) { return std::string(c.busy_poll ? "1" : "0"); },
+       [](Config& c, const std::string& v) { c.busy_poll = parseBool("MAESTRO_BUSY_POLL", v); }},
+      {"path_timeout", "MAESTRO_PATH_TIMEOUT", "2",
+       "seconds a path may hold chunks without progress before it is declared down", false,
+       [](const Config& c) { return strcat(c.path_timeout); },
+       [](Config& c, const std::string& v) {
+         c.path_timeout = parseSeconds("MAESTRO_PATH_TIMEOUT", v, 0.05, 3600);
+       }},
+      {"probe_interval", "MAESTRO_PROBE_INTERVAL", "0.5",
+       "seconds between RTT probes of idle paths and reconnect attempts of down paths", false,
+       [](const Config& c) { return strcat(c.probe_interval); },
+       [](Config& c, const std::string& v) {
+         c.probe_interval = parseSeconds("MAESTRO_PROBE_INTERVAL", v, 0.01, 3600);
+       }},
+  };
+}
+
+}  // namespace
+
+const char* policyName(Policy policy) {
+  switch (policy) {
+    case Policy::kRoundRobin: return "round_robin";
+    case Policy::kWeighted: return "weighted";
+    case Policy::kAdaptive: return "adaptive";
+    case Policy::kLatency: return "latency";
+    case Policy::kSingle: return "single";
+  }
+  return "?";
+}
+
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> table = buildKnobs();
+  return table;
+}
+
+std::vector<std::string> splitList(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream is(text);
+  while (std::getline(is, cur, ',')) {
+    cur = trim(cur);
+    if (!cur.empty()) out.push_back(cur);
+  }
+  return out;
+}
+
+size_t parseSize(const std::string& knob, const std::string& text) {
+  std::string t = trim(text);
+  MAESTRO_CHECK(!t.empty(), knob, " is empty");
+  size_t mult = 1;
+  char last = static_cast<char>(std::toupper(static_cast<unsigned char>(t.back())));
+  if (last == 'K' || last == 'M' || last == 'G') {
+    mult = last == 'K' ? 1024 : last == 'M' ? (1u << 20) : (1u << 30);
+    t.pop_back();
+  }
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(t.c_str(), &end, 10);
+  MAESTRO_CHECK(!t.empty() && t[0] != '-' && end && *end == '\0' && errno == 0, knob, "='", text,
+                "' is not a size (bytes, optionally with K, M or G)");
+  return static_cast<size_t>(v) * mult;
+}
+
+Config Config::resolve(const std::map<std::string, std::string>& overrides) {
+  for (const auto& kv : overrides) {
+    bool known = false;
+    for (const auto& k : knobs()) known = known || kv.first == k.name;
+    if (!known) {
+      std::string list;
+      for (const auto& k : knobs()) list += std::string(list.empty() ? "" : ", ") + k.name;
+      fail("unknown maestro option '", kv.first, "' (known: ", list, ")");
+    }
+  }
+  Config c;
+  for (const auto& k : knobs()) {
+    std::string value = k.default_value, source = "default";
+    if (const char* env = std::getenv(k.env)) {
+      value = env;
+      source = "env";
+    }
+    auto it = overrides.find(k.name);
+    if (it != overrides.end()) {
+      value = it->second;
+      source = "options";
+    }
+    try {
+      k.apply(c, value);
+    } catch (const Error& e) {
+      // Name the knob the way the user set it.
+      std::string msg = e.what();
+      if (source == "options") msg = strcat("Options(", k.name, "=...): ", msg);
+      throw Error(msg);
+    }
+    c.provenance[k.name] = {value, source};
+  }
+  if (c.policy == Policy::kWeighted && !c.weights.empty() && c.paths > 0)
+    MAESTRO_CHECK(static_cast<int>(c.weights.size()) == c.paths, "MAESTRO_WEIGHTS has ",
+                  c.weights.size(), " weights but MAESTRO_PATHS=", c.paths);
+  MAESTRO_CHECK(c.segment_size >= c.chunk_size, "MAESTRO_SEGMENT_SIZE (", c.segment_size,
+                ") must be at least MAESTRO_CHUNK_SIZE (", c.chunk_size, ")");
+  setLogLevel(c.debug);
+  return c;
+}
+
+std::string Config::groupFingerprint() const {
+  std::string out;
+  for (const auto& k : knobs())
+    if (k.group_wide) out += strcat(k.name, "=", k.show(*this), ";");
+  return out;
+}
+
+std::string Config::describe() const {
+  std::ostringstream os;
+  for (const auto& k : knobs()) {
+    auto it = provenance.find(k.name);
+    std::string value = k.show(*this);
+    os << "  " << k.env << "=" << (value.empty() ? "(unset)" : value) << "  ["
+       << (it == provenance.end() ? "" : it->second.second) << "]  " << k.doc << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace maestro

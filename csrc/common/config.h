@@ -1,0 +1,73 @@
+// Every tunable of maestro, declared once (NCCL_PARAM style).
+//
+// Each knob has an Options field name, a MAESTRO_* environment variable, a
+// default, a parser that rejects bad values with a clear message, and a doc
+// line. Precedence: default < environment < Options (pg_options). The Python
+// package reads this table (maestro_torch.knobs()) rather than repeating it,
+// and MAESTRO_DEBUG=INFO prints every knob with its value and where it came
+// from.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+
+namespace maestro {
+
+enum class Policy { kRoundRobin, kWeighted, kAdaptive, kLatency, kSingle };
+const char* policyName(Policy policy);
+
+struct Config {
+  LogLevel debug = LogLevel::kWarn;
+  std::string transport = "auto";       // auto | tcp | verbs
+  std::vector<std::string> vnics;       // local vNIC addresses (IP literals)
+  std::string ifname;                   // take the vNICs from this interface
+  int paths = 0;                        // paths per peer; 0 = one per vNIC
+  size_t chunk_size = 50 * 1024;        // bytes per chunk (paper: 50 KB)
+  Policy policy = Policy::kRoundRobin;
+  std::vector<double> weights;          // for policy=weighted (empty: measured)
+  int window = 8;                       // chunks in flight per path (paper: 8 WRs)
+  size_t segment_size = 1 << 20;        // pipeline unit of the collectives
+  int scratch_slots = 4;                // reduce-scatter receive slots (credits)
+  size_t reg_cache_size = 256;          // registrations kept per group
+  size_t small_msg = 16 * 1024;         // latency policy: messages up to this size
+  bool busy_poll = false;               // verbs: busy-poll the completion queue
+  double path_timeout = 2.0;            // seconds without progress before a path is declared down
+  double probe_interval = 0.5;          // seconds between probes of idle / down paths
+
+  // name -> (value text, source: "default" | "env" | "options")
+  std::map<std::string, std::pair<std::string, std::string>> provenance;
+
+  // Resolve from defaults, the environment and explicit overrides
+  // (Options field name -> value text). Throws maestro::Error naming the knob
+  // for unknown names and bad values.
+  static Config resolve(const std::map<std::string, std::string>& overrides = {});
+
+  // The knobs that must be identical on every rank, as "name=value;...".
+  std::string groupFingerprint() const;
+  // The knob table with values and sources, one line per knob.
+  std::string describe() const;
+};
+
+struct Knob {
+  const char* name;           // Options field
+  const char* env;            // environment variable
+  const char* default_value;  // as text
+  const char* doc;
+  bool group_wide;            // must agree across ranks
+  std::function<std::string(const Config&)> show;          // canonical value text
+  std::function<void(Config&, const std::string&)> apply;  // parse, validate, store
+};
+
+const std::vector<Knob>& knobs();
+
+// Helpers shared by the parsers (exposed for tests).
+size_t parseSize(const std::string& knob, const std::string& text);  // "51200", "50K", "1M"
+std::vector<std::string> splitList(const std::string& text);         // comma separated, trimmed
+
+}  // namespace maestro

@@ -1,0 +1,282 @@
+#include "common/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "common/error.h"
+
+namespace maestro {
+namespace net {
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+uint16_t SockAddr::port() const {
+  if (family() == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+  if (family() == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
+  return 0;
+}
+
+std::string SockAddr::ip() const {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (family() == AF_INET)
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, buf, sizeof buf);
+  else if (family() == AF_INET6)
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, buf, sizeof buf);
+  return buf;
+}
+
+std::string SockAddr::str() const {
+  return family() == AF_INET6 ? strcat("[", ip(), "]:", port()) : strcat(ip(), ":", port());
+}
+
+bool isIpLiteral(const std::string& text) {
+  unsigned char buf[16];
+  return inet_pton(AF_INET, text.c_str(), buf) == 1 || inet_pton(AF_INET6, text.c_str(), buf) == 1;
+}
+
+SockAddr parseAddress(const std::string& ip, uint16_t port) {
+  SockAddr a;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&a.storage);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+  if (inet_pton(AF_INET, ip.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    a.length = sizeof(sockaddr_in);
+    return a;
+  }
+  if (inet_pton(AF_INET6, ip.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    a.length = sizeof(sockaddr_in6);
+    return a;
+  }
+  fail("'", ip, "' is not an IP address");
+}
+
+SockAddr parseEndpoint(const std::string& endpoint) {
+  std::string host, port;
+  if (!endpoint.empty() && endpoint[0] == '[') {
+    auto close = endpoint.find(']');
+    MAESTRO_CHECK(close != std::string::npos && close + 1 < endpoint.size() && endpoint[close + 1] == ':',
+                  "bad endpoint '", endpoint, "'");
+    host = endpoint.substr(1, close - 1);
+    port = endpoint.substr(close + 2);
+  } else {
+    auto colon = endpoint.rfind(':');
+    MAESTRO_CHECK(colon != std::string::npos, "bad endpoint '", endpoint, "' (expected ip:port)");
+    host = endpoint.substr(0, colon);
+    port = endpoint.substr(colon + 1);
+  }
+  char* end = nullptr;
+  long p = std::strtol(port.c_str(), &end, 10);
+  MAESTRO_CHECK(!port.empty() && end && *end == '\0' && p > 0 && p < 65536, "bad port in endpoint '",
+                endpoint, "'");
+  return parseAddress(host, static_cast<uint16_t>(p));
+}
+
+SockAddr localAddress(int fd) {
+  SockAddr a;
+  a.length = sizeof a.storage;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a.storage), &a.length) != 0)
+    fail("getsockname: ", errnoText(errno));
+  return a;
+}
+
+SockAddr peerAddress(int fd) {
+  SockAddr a;
+  a.length = sizeof a.storage;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a.storage), &a.length) != 0)
+    fail("getpeername: ", errnoText(errno));
+  return a;
+}
+
+void setCloseOnExec(int fd) { fcntl(fd, F_SETFD, FD_CLOEXEC); }
+
+void setNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int listenOn(const std::string& ip, uint16_t port, int backlog) {
+  SockAddr addr = parseAddress(ip, port);
+  int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, addr.get(), addr.length) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot listen on ", addr.str(), ": ", errnoText(err),
+         err == EADDRNOTAVAIL ? " (the address is not assigned to an interface of this host/"
+                                "namespace: check MAESTRO_VNICS / MAESTRO_IFNAME)"
+                              : "");
+  }
+  if (::listen(fd, backlog) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("listen on ", addr.str(), ": ", errnoText(err));
+  }
+  return fd;
+}
+
+int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline) {
+  SockAddr local = parseAddress(local_ip, 0);
+  MAESTRO_CHECK(local.family() == remote.family(), "cannot connect from ", local_ip, " to ",
+                remote.str(), ": address families differ");
+  int fd = ::socket(remote.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
+  auto bail = [&](const std::string& what) {
+    ::close(fd);
+    fail("cannot connect ", local_ip, " -> ", remote.str(), ": ", what);
+  };
+  if (::bind(fd, local.get(), local.length) != 0) bail(strcat("bind: ", errnoText(errno)));
+  int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  if (::connect(fd, remote.get(), remote.length) != 0) {
+    if (errno != EINPROGRESS) bail(errnoText(errno));
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) bail("timed out");
+      pollfd p{fd, POLLOUT, 0};
+      int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+      if (r < 0 && errno != EINTR) bail(strcat("poll: ", errnoText(errno)));
+      if (r > 0) break;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) bail(errnoText(err));
+  }
+  fcntl(fd, F_SETFL, flags);
+  return fd;
+}
+
+bool readFull(int fd, void* buf, size_t length) {
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t got = 0;
+  while (got < length) {
+    ssize_t n = ::recv(fd, p + got, length - got, MSG_WAITALL);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      if (got == 0) return false;
+      fail("connection closed in the middle of a message (", got, " of ", length, " bytes)");
+    }
+    if (errno == EINTR) continue;
+    fail("recv: ", errnoText(errno));
+  }
+  return true;
+}
+
+void writeFull(int fd, const void* buf, size_t length) {
+  auto* p = static_cast<const uint8_t*>(buf);
+  size_t sent = 0;
+  while (sent < length) {
+    ssize_t n = ::send(fd, p + sent, length - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    fail("send: ", n < 0 ? errnoText(errno) : std::string("connection closed"));
+  }
+}
+
+bool waitReadable(int fd, Deadline deadline) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) fail("poll: ", errnoText(errno));
+  }
+}
+
+std::vector<std::string> interfaceAddresses(const std::string& ifname) {
+  MAESTRO_CHECK(if_nametoindex(ifname.c_str()) != 0, "MAESTRO_IFNAME: no interface named '",
+                ifname, "' in this network namespace");
+  ifaddrs* list = nullptr;
+  MAESTRO_CHECK(getifaddrs(&list) == 0, "getifaddrs: ", errnoText(errno));
+  std::vector<std::string> v4, v6;
+  for (ifaddrs* it = list; it; it = it->ifa_next) {
+    if (!it->ifa_addr || ifname != it->ifa_name) continue;
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (it->ifa_addr->sa_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, buf, sizeof buf);
+      v4.push_back(buf);
+    } else if (it->ifa_addr->sa_family == AF_INET6) {
+      auto* a6 = reinterpret_cast<sockaddr_in6*>(it->ifa_addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) continue;  // needs a scope id; not a vNIC
+      inet_ntop(AF_INET6, &a6->sin6_addr, buf, sizeof buf);
+      v6.push_back(buf);
+    }
+  }
+  freeifaddrs(list);
+  // IPv4 first: that is what RoCEv2 GIDs and the lab use; the kernel lists the
+  // primary address before its aliases.
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  MAESTRO_CHECK(!v4.empty(), "MAESTRO_IFNAME: interface '", ifname, "' has no IP addresses");
+  return v4;
+}
+
+std::string sourceAddressFor(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), "9", &hints, &res);
+  MAESTRO_CHECK(rc == 0 && res, "cannot resolve '", host, "': ", gai_strerror(rc));
+  int fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(res);
+    fail("socket: ", errnoText(errno));
+  }
+  // A UDP connect sends nothing; it only asks the kernel for a route.
+  int c = ::connect(fd, res->ai_addr, res->ai_addrlen);
+  int err = errno;
+  freeaddrinfo(res);
+  if (c != 0) {
+    ::close(fd);
+    fail("no route to '", host, "': ", errnoText(err));
+  }
+  SockAddr local = localAddress(fd);
+  ::close(fd);
+  return local.ip();
+}
+
+bool isLocalAddress(const std::string& ip) {
+  try {
+    int fd = listenOn(ip, 0, 1);
+    ::close(fd);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string hostIdentity() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  struct stat st {};
+  std::string netns = stat("/proc/self/ns/net", &st) == 0 ? std::to_string(st.st_ino) : "?";
+  return strcat(host, "/", boot, "/netns:", netns);
+}
+
+}  // namespace net
+}  // namespace maestro

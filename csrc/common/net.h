@@ -1,0 +1,62 @@
+// Small socket and address helpers shared by the TCP transport and the vNIC
+// discovery. IPv4 and IPv6 literals are both accepted.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"  // Deadline
+
+namespace maestro {
+namespace net {
+
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+  int family() const { return storage.ss_family; }
+  uint16_t port() const;
+  std::string ip() const;
+  std::string str() const;  // "ip:port" / "[ip6]:port"
+};
+
+bool isIpLiteral(const std::string& text);
+SockAddr parseAddress(const std::string& ip, uint16_t port);       // throws on a non-literal
+SockAddr parseEndpoint(const std::string& endpoint);               // "ip:port" / "[ip6]:port"
+SockAddr localAddress(int fd);
+SockAddr peerAddress(int fd);
+
+// A listening TCP socket bound to ip:port (port 0: ephemeral). Returns the fd.
+int listenOn(const std::string& ip, uint16_t port, int backlog = 128);
+// Connect from local_ip (bind before connect, ephemeral port) to `remote`
+// before the deadline. Throws maestro::Error saying which address failed.
+int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline);
+
+// Blocking full reads/writes. readFull returns false on orderly EOF before the
+// first byte; every other short read or error throws.
+bool readFull(int fd, void* buf, size_t length);
+void writeFull(int fd, const void* buf, size_t length);
+// Wait until fd is readable or the deadline passes (false on timeout).
+bool waitReadable(int fd, Deadline deadline);
+
+void setNoDelay(int fd);
+void setCloseOnExec(int fd);
+
+// IPv4/IPv6 addresses of an interface, primary first. Throws if the interface
+// does not exist or has none.
+std::vector<std::string> interfaceAddresses(const std::string& ifname);
+// The local address the kernel would use to reach `host` (IP or name).
+std::string sourceAddressFor(const std::string& host);
+// True when ip is assigned to an interface of this network namespace.
+bool isLocalAddress(const std::string& ip);
+// Identifies this host *and* network namespace: ranks with equal identities
+// can reach each other over loopback.
+std::string hostIdentity();
+
+std::string errnoText(int err);
+
+}  // namespace net
+}  // namespace maestro

@@ -1,0 +1,21 @@
+// The key-value store ranks meet through at start-up (the c10d Store in
+// production, an in-process map in the C++ tests).
+#pragma once
+
+#include <string>
+
+#include "transport/transport.h"  // Deadline
+
+namespace maestro {
+
+class Rendezvous {
+ public:
+  virtual ~Rendezvous() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until the key exists; throws maestro::Error at the deadline.
+  virtual std::string get(const std::string& key, Deadline deadline) = 0;
+  // Non-blocking: the value if the key exists.
+  virtual bool tryGet(const std::string& key, std::string* value) = 0;
+};
+
+}  // namespace maestro

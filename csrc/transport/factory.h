@@ -1,0 +1,33 @@
+// Creating a transport by name, and the "auto" choice between them.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace maestro {
+namespace transport {
+
+struct TransportOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::array<uint8_t, Hello::kSecretBytes> secret{};  // accepted connections must present it
+  CompletionSink* sink = nullptr;                     // receives every completion
+  int max_inflight_per_path = 8;   // writes outstanding per path (verbs: send queue depth)
+  bool busy_poll = false;          // verbs: busy-poll the CQ instead of a completion channel
+};
+
+// kind: "tcp" or "verbs".
+std::unique_ptr<Transport> makeTransport(const std::string& kind, const TransportOptions& options);
+
+// MAESTRO_TRANSPORT=auto: "verbs" when this build has the verbs transport and
+// an RDMA device has a RoCE GID for every given vNIC address, else "tcp".
+// `why` says how the choice was made (printed at MAESTRO_DEBUG=INFO).
+std::string chooseTransport(const std::string& requested, const std::vector<std::string>& vnics,
+                            std::string* why);
+
+}  // namespace transport
+}  // namespace maestro

@@ -1,0 +1,75 @@
+#include "transport/tcp/frame.h"
+
+#include "common/error.h"
+#include "transport/transport.h"
+
+namespace maestro {
+namespace transport {
+namespace tcp {
+
+std::string checkHeader(const FrameHeader& h) {
+  if (h.magic != kFrameMagic) return strcat("bad frame magic 0x", std::hex, h.magic);
+  if (h.reserved != 0) return "reserved header bits set";
+  switch (static_cast<FrameType>(h.type)) {
+    case FrameType::kWrite:
+      if ((h.flags & ~kFlagImm) != 0) return strcat("unknown WRITE flags 0x", std::hex, int(h.flags));
+      if (h.length > kMaxWritePayload)
+        return strcat("WRITE of ", h.length, " bytes exceeds the ", kMaxWritePayload, "-byte frame limit");
+      return "";
+    case FrameType::kSend:
+      if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.offset != 0)
+        return "SEND frame with WRITE fields set";
+      if (h.length > kMaxControlBytes)
+        return strcat("SEND of ", h.length, " bytes exceeds the ", kMaxControlBytes, "-byte control limit");
+      return "";
+    case FrameType::kAck:
+      if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.length != 0)
+        return "ACK frame with payload fields set";
+      return "";
+  }
+  return strcat("unknown frame type ", int(h.type));
+}
+
+FrameHeader writeFrame(uint32_t region, uint64_t key, uint64_t offset, uint64_t length, bool with_imm,
+                       uint32_t imm) {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kWrite);
+  h.flags = with_imm ? kFlagImm : 0;
+  h.region = region;
+  h.imm = with_imm ? imm : 0;
+  h.key = key;
+  h.offset = offset;
+  h.length = length;
+  return h;
+}
+
+FrameHeader sendFrame(uint64_t length) {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kSend);
+  h.length = length;
+  return h;
+}
+
+FrameHeader ackFrame(uint64_t writes_received) {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kAck);
+  h.offset = writes_received;
+  return h;
+}
+
+const char* helloStatusText(HelloStatus status) {
+  switch (status) {
+    case HelloStatus::kOk: return "ok";
+    case HelloStatus::kBadMagic: return "not a maestro connection";
+    case HelloStatus::kBadVersion: return "protocol version mismatch (different maestro versions?)";
+    case HelloStatus::kBadSecret: return "wrong group secret (a connection from outside this process group)";
+    case HelloStatus::kBadRank: return "rank out of range";
+    case HelloStatus::kBadPath: return "path index out of range";
+    case HelloStatus::kDuplicate: return "this path is already connected";
+  }
+  return "unknown status";
+}
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace maestro

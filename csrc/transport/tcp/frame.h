@@ -1,0 +1,87 @@
+// The TCP transport's wire format. Every frame starts with a fixed 40-byte
+// header; WRITE and SEND frames are followed by `length` payload bytes.
+//
+//   WRITE  one-sided write: payload lands at (region, offset), checked against
+//          the receiver's region table; kFlagImm makes the receiver raise a
+//          completion carrying `imm` (RDMA WRITE WITH IMM).
+//   SEND   two-sided control message (<= kMaxControlBytes), copied out.
+//   ACK    `offset` = cumulative count of WRITE frames fully received on this
+//          connection; the sender completes its writes in order (RC ACK).
+//
+// All integers are little-endian (the static_assert below pins the host
+// order rather than byte-swapping on every frame).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace maestro {
+namespace transport {
+namespace tcp {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP wire format assumes a little-endian host");
+
+constexpr uint32_t kFrameMagic = 0x5254534d;  // "MSTR"
+constexpr uint32_t kHelloMagic = 0x4c45484d;  // "MHEL"
+constexpr uint16_t kProtocolVersion = 1;
+
+enum class FrameType : uint8_t { kWrite = 1, kSend = 2, kAck = 3 };
+constexpr uint8_t kFlagImm = 1;
+
+// Upper bound for one WRITE frame's payload: a chunk, never a whole tensor.
+constexpr uint64_t kMaxWritePayload = 64ull << 20;
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint8_t type = 0;
+  uint8_t flags = 0;
+  uint16_t reserved = 0;
+  uint32_t region = 0;
+  uint32_t imm = 0;
+  uint64_t key = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+static_assert(sizeof(FrameHeader) == 40, "FrameHeader is a wire format");
+
+// Checks what can be checked from the header alone. Returns "" when the
+// header is well formed, else the reason (used in the path error).
+std::string checkHeader(const FrameHeader& h);
+
+FrameHeader writeFrame(uint32_t region, uint64_t key, uint64_t offset, uint64_t length, bool with_imm,
+                       uint32_t imm);
+FrameHeader sendFrame(uint64_t length);
+FrameHeader ackFrame(uint64_t writes_received);
+
+// Connection handshake: the connecting side sends HelloWire, the accepting
+// side answers HelloReply and closes the connection unless status is kOk.
+struct HelloWire {
+  uint32_t magic = kHelloMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t reserved = 0;
+  uint8_t secret[32] = {};
+  int32_t rank = -1;
+  int32_t path = -1;
+};
+static_assert(sizeof(HelloWire) == 48, "HelloWire is a wire format");
+
+enum class HelloStatus : uint32_t {
+  kOk = 0,
+  kBadMagic = 1,
+  kBadVersion = 2,
+  kBadSecret = 3,
+  kBadRank = 4,
+  kBadPath = 5,
+  kDuplicate = 6,
+};
+struct HelloReply {
+  uint32_t magic = kHelloMagic;
+  uint32_t status = 0;
+};
+static_assert(sizeof(HelloReply) == 8, "HelloReply is a wire format");
+
+const char* helloStatusText(HelloStatus status);
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace maestro

@@ -1,0 +1,137 @@
+#include "transport/tcp/region_table.h"
+
+#include <sys/random.h>
+
+#include <thread>
+
+#include "common/error.h"
+
+namespace maestro {
+namespace transport {
+namespace tcp {
+
+uint64_t randomU64() {
+  uint64_t v = 0;
+  auto* p = reinterpret_cast<uint8_t*>(&v);
+  size_t got = 0;
+  while (got < sizeof v) {
+    ssize_t n = getrandom(p + got, sizeof v - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+    else if (errno != EINTR) fail("getrandom failed");
+  }
+  return v;
+}
+
+Region RegionTable::add(void* addr, size_t length) {
+  MAESTRO_CHECK(addr != nullptr || length == 0, "cannot register a null buffer");
+  auto entry = std::make_shared<Entry>();
+  entry->addr = static_cast<uint8_t*>(addr);
+  entry->length = length;
+  entry->key = randomU64() | 1;  // never 0
+  std::lock_guard<std::mutex> lock(mu_);
+  MAESTRO_CHECK(next_id_ != 0, "region ids exhausted");
+  uint32_t id = next_id_++;  // ids are never reused: a stale id can only miss
+  entries_[id] = entry;
+  Region r;
+  r.id = id;
+  r.key = entry->key;
+  r.addr = addr;
+  r.length = length;
+  return r;
+}
+
+void RegionTable::waitForWriters(const Entry& entry) {
+  // A write in progress finishes within one payload receive; spin politely.
+  while (entry.writers.load() > 0) std::this_thread::yield();
+}
+
+void RegionTable::remove(uint32_t id) {
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return;
+    entry = it->second;
+    entries_.erase(it);
+  }
+  entry->exposed.store(0);
+  waitForWriters(*entry);
+}
+
+uint64_t RegionTable::expose(uint32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  MAESTRO_CHECK(it != entries_.end(), "expose: region ", id, " is not registered");
+  Entry& e = *it->second;
+  if (e.exposed.load() == 0) {
+    // A fresh key per exposure; remember a few old ones to recognise stale
+    // duplicates of earlier operations' writes.
+    e.old_keys.push_back(e.key);
+    if (e.old_keys.size() > kRememberedKeys) e.old_keys.erase(e.old_keys.begin());
+    e.key = randomU64() | 1;
+  }
+  e.exposed.fetch_add(1);
+  return e.key;
+}
+
+void RegionTable::conceal(uint32_t id) {
+  std::shared_ptr<Entry> entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it == entries_.end()) return;
+    entry = it->second;
+  }
+  if (entry->exposed.fetch_sub(1) == 1) waitForWriters(*entry);
+}
+
+RegionTable::Verdict RegionTable::grantWrite(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,
+                                             Grant* grant, std::string* why) {
+  std::shared_ptr<Entry> entry;
+  bool key_ok = false, stale = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(id);
+    if (it != entries_.end()) {
+      entry = it->second;
+      key_ok = entry->key == key;
+      for (uint64_t k : entry->old_keys) stale = stale || k == key;
+    }
+  }
+  if (!entry) {
+    *why = strcat("write into unknown region ", id);
+    return Verdict::kRejected;
+  }
+  // Overflow-safe bounds check: length <= size and offset <= size - length.
+  if (length > entry->length || offset > entry->length - length) {
+    *why = strcat("write of ", length, " bytes at offset ", offset, " overruns region ", id, " (", entry->length,
+                  " bytes)");
+    return Verdict::kRejected;
+  }
+  if (!key_ok) {
+    if (stale) return Verdict::kStale;
+    *why = strcat("write into region ", id, " with a wrong key");
+    return Verdict::kRejected;
+  }
+  // Count ourselves as a writer *before* checking exposure: conceal() clears
+  // exposure first and then waits for writers, so one of the two sees the
+  // other (sequentially consistent atomics).
+  entry->writers.fetch_add(1);
+  if (entry->exposed.load() <= 0) {
+    entry->writers.fetch_sub(1);
+    // Concealed after its last exposure: a late duplicate, not an attack on
+    // memory (the key was valid for this region).
+    return Verdict::kStale;
+  }
+  *grant = Grant(entry, entry->addr + offset);
+  return Verdict::kGranted;
+}
+
+size_t RegionTable::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace maestro

@@ -1,0 +1,201 @@
+#include "transport/tcp/tcp_transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/net.h"
+#include "transport/tcp/frame.h"
+
+namespace maestro {
+namespace transport {
+namespace tcp {
+namespace {
+
+// A connecting peer gets this long to present its hello.
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+
+bool sameSecret(const uint8_t* a, const uint8_t* b, size_t n) {
+  uint8_t diff = 0;  // constant time: no early exit on the first difference
+  for (size_t i = 0; i < n; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+TcpTransport::TcpTransport(const TransportOptions& options) : options_(options) {
+  MAESTRO_CHECK(options_.sink != nullptr, "TcpTransport needs a completion sink");
+  MAESTRO_CHECK(::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) == 0, "pipe: ", net::errnoText(errno));
+}
+
+TcpTransport::~TcpTransport() {
+  shutdown();
+  ::close(wake_pipe_[0]);
+  ::close(wake_pipe_[1]);
+}
+
+std::string TcpTransport::listen(const std::string& local_addr) {
+  int fd = net::listenOn(local_addr, 0);
+  std::string endpoint = net::localAddress(fd).str();
+  std::lock_guard<std::mutex> lock(mu_);
+  listeners_.push_back(fd);
+  if (!acceptor_.joinable()) acceptor_ = std::thread([this] { acceptLoop(); });
+  char b = 1;
+  ssize_t ignored = ::write(wake_pipe_[1], &b, 1);  // re-poll with the new listener
+  (void)ignored;
+  return endpoint;
+}
+
+void TcpTransport::acceptLoop() {
+  for (;;) {
+    std::vector<pollfd> fds;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      fds.push_back({wake_pipe_[0], POLLIN, 0});
+      for (int l : listeners_) fds.push_back({l, POLLIN, 0});
+    }
+    int r = ::poll(fds.data(), fds.size(), 1000);
+    if (r < 0 && errno != EINTR) {
+      MAESTRO_WARN("tcp acceptor: poll failed: ", net::errnoText(errno));
+      return;
+    }
+    if (fds[0].revents & POLLIN) {
+      char buf[64];
+      while (::read(wake_pipe_[0], buf, sizeof buf) > 0) {
+      }
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (!(fds[i].revents & POLLIN)) continue;
+      int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      try {
+        handshake(fd);
+      } catch (const Error& e) {
+        MAESTRO_WARN("refused a connection: ", e.what());
+        ::close(fd);
+      }
+    }
+  }
+}
+
+void TcpTransport::handshake(int fd) {
+  std::string from = net::peerAddress(fd).str();
+  HelloWire hello;
+  if (!net::waitReadable(fd, Clock::now() + kHandshakeTimeout))
+    fail("no hello from ", from, " within ", kHandshakeTimeout.count(), " s");
+  if (!net::readFull(fd, &hello, sizeof hello)) fail("connection from ", from, " closed before its hello");
+  HelloStatus status = HelloStatus::kOk;
+  if (hello.magic != kHelloMagic) status = HelloStatus::kBadMagic;
+  else if (hello.version != kProtocolVersion) status = HelloStatus::kBadVersion;
+  else if (!sameSecret(hello.secret, options_.secret.data(), options_.secret.size())) status = HelloStatus::kBadSecret;
+  else if (hello.rank < 0 || hello.rank >= options_.world_size || hello.rank == options_.rank) status = HelloStatus::kBadRank;
+  else if (hello.path < 0 || hello.path >= 1024) status = HelloStatus::kBadPath;
+  else {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = paths_.find({hello.rank, hello.path});
+    if (it != paths_.end() && !it->second->failed()) status = HelloStatus::kDuplicate;
+  }
+  HelloReply reply;
+  reply.status = static_cast<uint32_t>(status);
+  net::writeFull(fd, &reply, sizeof reply);
+  if (status != HelloStatus::kOk)
+    fail("connection from ", from, " (claims rank ", hello.rank, " path ", hello.path,
+         "): ", helloStatusText(status));
+  install(hello.rank, hello.path, fd, true);
+}
+
+void TcpTransport::install(int peer, int path, int fd, bool accepted) {
+  std::string desc = strcat(net::localAddress(fd).str(), " <-> ", net::peerAddress(fd).str());
+  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_);
+  std::shared_ptr<TcpPath> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = paths_[{peer, path}];
+    old = std::move(slot);
+    slot = p;
+    if (accepted) ++accepted_;
+  }
+  accepted_cv_.notify_all();
+  MAESTRO_TRACE("path ", path, " to rank ", peer, " up: ", desc);
+  // `old` (a failed connection being replaced) is stopped and closed here.
+}
+
+void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline deadline) {
+  int fd = net::connectFrom(spec.local_addr, net::parseEndpoint(spec.remote_endpoint), deadline);
+  try {
+    HelloWire wire;
+    std::memcpy(wire.secret, hello.secret, sizeof wire.secret);
+    wire.rank = hello.rank;
+    wire.path = hello.path;
+    net::writeFull(fd, &wire, sizeof wire);
+    HelloReply reply;
+    if (!net::waitReadable(fd, deadline)) fail("no answer to the hello before the deadline");
+    if (!net::readFull(fd, &reply, sizeof reply)) fail("the peer closed the connection during the hello");
+    if (reply.magic != kHelloMagic) fail("the peer is not a maestro endpoint");
+    if (reply.status != 0)
+      fail("the peer refused the connection: ", helloStatusText(static_cast<HelloStatus>(reply.status)));
+  } catch (const Error& e) {
+    ::close(fd);
+    fail("path ", spec.path, " to rank ", spec.peer, " (", spec.local_addr, " -> ", spec.remote_endpoint,
+         "): ", e.what());
+  }
+  install(spec.peer, spec.path, fd, false);
+}
+
+void TcpTransport::awaitAccepted(size_t count, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!accepted_cv_.wait_until(lock, deadline, [&] { return accepted_ >= count || stopping_; }))
+    fail("only ", accepted_, " of ", count, " expected paths were opened by the peers before the timeout");
+}
+
+std::shared_ptr<TcpPath> TcpTransport::pathFor(int peer, int path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = paths_.find({peer, path});
+  MAESTRO_CHECK(it != paths_.end(), "no path ", path, " to rank ", peer);
+  return it->second;
+}
+
+std::string TcpTransport::describePath(int peer, int path) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = paths_.find({peer, path});
+  return it == paths_.end() ? std::string("(not connected)") : it->second->description();
+}
+
+void TcpTransport::postWrite(int peer, int path, const WriteRequest& req) { pathFor(peer, path)->postWrite(req); }
+
+void TcpTransport::postSend(int peer, int path, const void* data, size_t length) {
+  pathFor(peer, path)->postSend(data, length);
+}
+
+void TcpTransport::closePath(int peer, int path, const std::string& why) { pathFor(peer, path)->close(why); }
+
+void TcpTransport::shutdown() {
+  std::map<std::pair<int, int>, std::shared_ptr<TcpPath>> paths;
+  std::vector<int> listeners;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    paths.swap(paths_);
+    listeners.swap(listeners_);
+  }
+  accepted_cv_.notify_all();
+  char b = 1;
+  ssize_t ignored = ::write(wake_pipe_[1], &b, 1);
+  (void)ignored;
+  if (acceptor_.joinable()) acceptor_.join();
+  for (int l : listeners) ::close(l);
+  for (auto& kv : paths) kv.second->stop();
+  paths.clear();
+}
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace maestro

@@ -1,0 +1,67 @@
+// The TCP implementation of the transport contract: one TCP connection per
+// path, bound (bind before connect) to the path's local vNIC address, so the
+// network sees one distinct flow per path; RDMA WRITE emulated by frames that
+// the receiver checks against its region table and lands in place.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "transport/factory.h"
+#include "transport/tcp/region_table.h"
+#include "transport/tcp/tcp_path.h"
+#include "transport/transport.h"
+
+namespace maestro {
+namespace transport {
+namespace tcp {
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(const TransportOptions& options);
+  ~TcpTransport() override;
+
+  const char* name() const override { return "tcp"; }
+
+  Region registerMemory(void* addr, size_t length) override { return regions_.add(addr, length); }
+  void deregisterMemory(const Region& region) override { regions_.remove(region.id); }
+  uint64_t expose(const Region& region) override { return regions_.expose(region.id); }
+  void conceal(const Region& region) override { regions_.conceal(region.id); }
+
+  std::string listen(const std::string& local_addr) override;
+  void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
+  void awaitAccepted(size_t count, Deadline deadline) override;
+  std::string describePath(int peer, int path) const override;
+
+  void postWrite(int peer, int path, const WriteRequest& req) override;
+  void postSend(int peer, int path, const void* data, size_t length) override;
+  void closePath(int peer, int path, const std::string& why) override;
+  void shutdown() override;
+
+ private:
+  void acceptLoop();
+  void handshake(int fd);
+  std::shared_ptr<TcpPath> pathFor(int peer, int path) const;
+  void install(int peer, int path, int fd, bool accepted);
+
+  const TransportOptions options_;
+  RegionTable regions_;
+
+  mutable std::mutex mu_;
+  std::condition_variable accepted_cv_;
+  std::map<std::pair<int, int>, std::shared_ptr<TcpPath>> paths_;
+  std::vector<int> listeners_;
+  size_t accepted_ = 0;
+  bool stopping_ = false;
+  int wake_pipe_[2] = {-1, -1};
+  std::thread acceptor_;
+};
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace maestro

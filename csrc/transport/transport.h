@@ -1,0 +1,156 @@
+// The transport contract: a small, RDMA-shaped interface that every transport
+// (tcp/, verbs/) implements. The multipath layer above it knows nothing else.
+//
+// Shape (mirrors verbs):
+//   * memory is registered first (-> Region: id, key); a peer that learned a
+//     region's RemoteRegion may write into it one-sidedly at any offset that
+//     stays inside it, presenting the key;
+//   * postWrite() is the RDMA WRITE [WITH IMM] verb: non-blocking, it copies
+//     (local region, address, length) to (remote region, offset) on one path;
+//     the sender later gets onWriteComplete(wr_id) once the bytes have landed
+//     in the peer's memory (RC ACK semantics, not "left the socket"); when an
+//     immediate is attached, the receiver gets onWriteArrived(imm, length)
+//     after the bytes are in place;
+//   * postSend() is the two-sided SEND verb for small control messages: the
+//     receiver gets onMessage() with a copy of the bytes;
+//   * completions of both sides arrive on transport threads through one
+//     CompletionSink (the paper's shared completion queue); a sink must not
+//     block;
+//   * errors are per path: onPathError() is raised once, after which every
+//     write still outstanding on that path completes with ok=false (the verbs
+//     "flush" semantics), so nothing is lost silently and the multipath layer
+//     can move those chunks to another path.
+//
+// A "path" is one connection (a TCP socket, an RC queue pair) between a local
+// vNIC address and a peer's vNIC address. Paths are identified by (peer, path).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace maestro {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// A registered local memory region.
+struct Region {
+  uint32_t id = 0;      // transport-local handle (TCP region table id)
+  uint64_t key = 0;     // remote key: what a peer must present to write (rkey)
+  uint32_t lkey = 0;    // local key (verbs) / unused (tcp)
+  void* addr = nullptr;
+  size_t length = 0;
+  bool valid() const { return id != 0; }
+};
+
+// What a peer needs to write into one of our regions.
+struct RemoteRegion {
+  uint32_t id = 0;
+  uint64_t key = 0;
+  uint64_t addr = 0;    // base virtual address (verbs needs it; tcp ignores it)
+  uint64_t length = 0;
+};
+
+inline RemoteRegion toRemote(const Region& r) {
+  return RemoteRegion{r.id, r.key, reinterpret_cast<uint64_t>(r.addr), r.length};
+}
+
+namespace transport {
+
+// One one-sided write. `src` must lie inside `local`.
+struct WriteRequest {
+  Region local;
+  const void* src = nullptr;
+  size_t length = 0;
+  RemoteRegion remote;
+  uint64_t remote_offset = 0;
+  bool with_imm = false;
+  uint32_t imm = 0;
+  uint64_t wr_id = 0;  // opaque to the transport; echoed in onWriteComplete
+};
+
+// Completions, delivered on transport threads. Implementations must be
+// thread-safe and must not block (they may post further work).
+class CompletionSink {
+ public:
+  virtual ~CompletionSink() = default;
+  // Sender side: the write identified by wr_id has landed (ok) or was flushed
+  // because its path failed (!ok).
+  virtual void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) = 0;
+  // Receiver side: a write with an immediate has landed in our memory.
+  virtual void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) = 0;
+  // Receiver side: a two-sided control message.
+  virtual void onMessage(int peer, int path, const uint8_t* data, size_t length) = 0;
+  // The path is dead. Raised once per path and connection.
+  virtual void onPathError(int peer, int path, const std::string& what) = 0;
+};
+
+// Presented by the connecting side of every path and checked by the
+// accepting side before anything else is read from the connection.
+struct Hello {
+  static constexpr size_t kSecretBytes = 32;
+  uint8_t secret[kSecretBytes] = {};
+  int32_t rank = -1;   // the connecting rank
+  int32_t path = -1;   // path index
+};
+
+// Where one path runs: local vNIC address -> peer's published endpoint.
+struct PathSpec {
+  int peer = -1;
+  int path = -1;
+  std::string local_addr;       // IP literal of the local vNIC
+  std::string remote_endpoint;  // what the peer's listen() returned
+};
+
+// Largest control message postSend() accepts.
+constexpr size_t kMaxControlBytes = 4096;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+
+  // ---- memory ----------------------------------------------------------
+  virtual Region registerMemory(void* addr, size_t length) = 0;
+  virtual void deregisterMemory(const Region& region) = 0;
+  // Remote writes are accepted into a region only while it is exposed
+  // (expose/conceal nest). expose() returns the key peers must present for
+  // this exposure: the TCP transport draws a fresh one each time the region
+  // goes from concealed to exposed, so a late duplicate of a write meant for
+  // an earlier operation is recognised and dropped instead of landing in the
+  // buffer of the next one. A transport whose hardware checks keys on its own
+  // (verbs) may return the region's key and treat these as no-ops.
+  // conceal() returns only when no remote write into the region is in
+  // progress.
+  virtual uint64_t expose(const Region& region) = 0;
+  virtual void conceal(const Region& region) = 0;
+
+  // ---- connections -----------------------------------------------------
+  // Start accepting paths on a local vNIC address; returns the endpoint
+  // string peers connect to. Accepted connections must present `secret`.
+  virtual std::string listen(const std::string& local_addr) = 0;
+  // Open one path as the initiating side (blocking until the peer accepted
+  // the hello, or the deadline).
+  virtual void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) = 0;
+  // Wait until `count` paths were accepted from peers (or the deadline).
+  virtual void awaitAccepted(size_t count, Deadline deadline) = 0;
+  // Addresses a path uses, for the path table ("ip:port").
+  virtual std::string describePath(int peer, int path) const = 0;
+
+  // ---- data path (non-blocking) ------------------------------------------
+  virtual void postWrite(int peer, int path, const WriteRequest& req) = 0;
+  virtual void postSend(int peer, int path, const void* data, size_t length) = 0;
+  // Take a path down (e.g. the monitor decided it is blackholed): raises
+  // onPathError once and flushes its outstanding writes.
+  virtual void closePath(int peer, int path, const std::string& why) = 0;
+
+  // Stop all threads and close every path. Idempotent.
+  virtual void shutdown() = 0;
+};
+
+}  // namespace transport
+}  // namespace maestro
