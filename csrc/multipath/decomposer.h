@@ -1,0 +1,44 @@
+// Decomposer (paper §4.2): a message is cut into chunks of chunk_size bytes
+// (the last one shorter); each chunk becomes one one-sided write on some path
+// and carries its identity in the 32-bit immediate:
+//
+//     imm = tag (12 bits) << 20 | chunk index (20 bits)
+//
+// The tag names the message among those in flight between two ranks (the
+// collectives derive it from the operation and the step), the chunk index
+// lets the receiver count each chunk exactly once even if a failover sends it
+// twice. Both sides know chunk_size (a group-wide knob), so the receiver
+// derives a chunk's offset and length from its index.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace maestro {
+namespace multipath {
+
+constexpr int kTagBits = 12;
+constexpr int kChunkBits = 20;
+constexpr uint32_t kMaxTags = 1u << kTagBits;
+constexpr uint32_t kMaxChunksPerMessage = 1u << kChunkBits;
+
+struct ChunkSpan {
+  uint32_t index = 0;
+  uint64_t offset = 0;  // within the message
+  uint64_t length = 0;
+};
+
+// Number of chunks of a message (0 for an empty message).
+uint32_t chunkCount(uint64_t message_bytes, uint64_t chunk_size);
+// The index-th chunk of a message.
+ChunkSpan chunkAt(uint64_t message_bytes, uint64_t chunk_size, uint32_t index);
+// All chunks, in order. Throws when the message needs more than
+// kMaxChunksPerMessage chunks.
+std::vector<ChunkSpan> decompose(uint64_t message_bytes, uint64_t chunk_size);
+
+inline uint32_t encodeImm(uint32_t tag, uint32_t chunk) { return (tag << kChunkBits) | chunk; }
+inline uint32_t immTag(uint32_t imm) { return imm >> kChunkBits; }
+inline uint32_t immChunk(uint32_t imm) { return imm & (kMaxChunksPerMessage - 1); }
+
+}  // namespace multipath
+}  // namespace maestro

@@ -1,0 +1,698 @@
+#include "multipath/engine.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "multipath/decomposer.h"
+
+namespace maestro {
+namespace multipath {
+namespace {
+
+// Control message header; the payload follows.
+struct ControlHeader {
+  uint8_t type;
+  uint8_t reserved[3];
+  uint32_t sub;
+  uint64_t seq;
+};
+static_assert(sizeof(ControlHeader) == 16, "ControlHeader is a wire format");
+
+// Exponentially weighted moving average with a fixed gain.
+double ewma(double current, double sample, double gain = 0.2) {
+  return current <= 0 ? sample : current + gain * (sample - current);
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+struct Engine::PathSlot {
+  bool up = false;
+  std::string description;
+  std::string last_error;
+  std::deque<ChunkDesc*> queue;  // assigned here, not yet posted
+  int inflight = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0, chunks_sent = 0, chunks_received = 0, errors = 0, resent = 0;
+  // Monitor.
+  Clock::time_point last_progress{};
+  double completion = 0;     // EWMA seconds per chunk
+  double throughput = 0;     // EWMA bytes/s over busy intervals
+  uint64_t tick_bytes = 0;   // bytes completed since the last monitor tick
+  bool tick_busy = false;    // chunks were in flight during the tick
+  double rtt = 0;            // EWMA probe RTT
+  Clock::time_point ping_sent{};
+  bool ping_outstanding = false;
+};
+
+struct Engine::Peer {
+  explicit Peer(const Config& config) : scheduler(makeScheduler(config)), reassembler(config.chunk_size) {}
+  std::mutex mu;
+  std::vector<PathSlot> paths;
+  std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the first path with room takes them
+  std::unique_ptr<Scheduler> scheduler;
+  Reassembler reassembler;
+  std::map<ControlKey, std::vector<uint8_t>> inbox;
+  std::unordered_map<SendOp*, std::shared_ptr<SendOp>> sending;
+  std::unordered_map<uint32_t, std::shared_ptr<RecvOp>> receiving;  // by tag
+  bool unreachable = false;
+  bool left = false;  // the peer said goodbye (its group was destroyed)
+  std::string error;
+  Clock::time_point last_heard{};  // any completion, arrival or message from this peer
+};
+
+Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
+               Deadline setup_deadline, const std::string& rendezvous_host)
+    : rank_(rank), size_(size) {
+  setLogRank(rank);
+  QpManager qp(store, rank, size, setup_deadline);
+  config_ = qp.agreeOnConfig(overrides);
+  mesh_ = qp.plan(config_, rendezvous_host);
+  // Size every peer's path table before the first path opens: completions
+  // may arrive as soon as it does.
+  auto now = Clock::now();
+  for (int i = 0; i < size_; ++i) {
+    peers_.push_back(std::make_unique<Peer>(config_));
+    if (i == rank_) continue;
+    peers_[i]->paths.resize(mesh_.paths);
+    peers_[i]->last_heard = now;
+    for (auto& slot : peers_[i]->paths) {
+      slot.up = true;
+      slot.last_progress = now;
+    }
+  }
+  qp.open(config_, mesh_, this);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    std::lock_guard<std::mutex> lock(peers_[peer]->mu);
+    for (int i = 0; i < mesh_.paths; ++i) peers_[peer]->paths[i].description = mesh_.transport->describePath(peer, i);
+  }
+  if (!mesh_.vnics.warning.empty() && rank_ == 0) MAESTRO_WARN(mesh_.vnics.warning);
+  MAESTRO_INFO(describeSetup());
+  monitor_ = std::thread([this] { monitorLoop(); });
+}
+
+Engine::~Engine() {
+  stopping_ = true;
+  monitor_cv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+  if (logLevel() >= LogLevel::kInfo && mesh_.transport) MAESTRO_INFO("path statistics at shutdown:\n", pathTable());
+  // Say goodbye so the peers' paths closing next is not mistaken for a crash.
+  for (int peer = 0; peer < size_ && mesh_.transport; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      sendControl(peer, ControlType::kBye, 0, 0);
+    } catch (const Error&) {
+    }
+  }
+  if (mesh_.transport) mesh_.transport->shutdown();  // no completion arrives after this
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  for (auto& kv : buffers_) {
+    mesh_.transport->deregisterMemory(kv.second.first);
+    std::free(kv.second.second);
+  }
+}
+
+std::string Engine::describeSetup() const {
+  std::ostringstream os;
+  os << "group of " << size_ << " ranks, transport " << mesh_.transport_kind << " (" << mesh_.transport_why
+     << "), " << mesh_.paths << " paths per peer, vNICs ";
+  for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
+  os << " from " << mesh_.vnics.source << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
+  return os.str();
+}
+
+// ---------------------------------------------------------------- memory
+
+Region Engine::buffer(int slot, size_t bytes) {
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  auto it = buffers_.find(slot);
+  if (it != buffers_.end() && it->second.first.length >= bytes) return it->second.first;
+  if (it != buffers_.end()) {
+    mesh_.transport->deregisterMemory(it->second.first);
+    std::free(it->second.second);
+    buffers_.erase(it);
+  }
+  size_t size = std::max<size_t>(bytes, 4096);
+  size = (size + 4095) / 4096 * 4096;
+  void* mem = nullptr;
+  MAESTRO_CHECK(posix_memalign(&mem, 4096, size) == 0, "cannot allocate a ", size, "-byte buffer");
+  Region r;
+  try {
+    r = mesh_.transport->registerMemory(mem, size);
+  } catch (...) {
+    std::free(mem);
+    throw;
+  }
+  buffers_[slot] = {r, mem};
+  return r;
+}
+
+// ---------------------------------------------------------------- events
+
+void Engine::notify() {
+  events_.fetch_add(1);
+  if (waiters_.load() > 0) {
+    std::lock_guard<std::mutex> lock(event_mu_);
+    event_cv_.notify_all();
+  }
+}
+
+bool Engine::waitEvent(uint64_t seen, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(event_mu_);
+  waiters_.fetch_add(1);
+  bool woke = event_cv_.wait_until(lock, deadline, [&] { return events_.load() != seen; });
+  waiters_.fetch_sub(1);
+  return woke;
+}
+
+void Engine::checkPeer(int peer) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.unreachable) throw Error(p.error);
+}
+
+// ---------------------------------------------------------------- sending
+
+std::vector<PathView> Engine::views(const Peer& peer) const {
+  std::vector<PathView> v(peer.paths.size());
+  for (size_t i = 0; i < peer.paths.size(); ++i) {
+    const PathSlot& s = peer.paths[i];
+    v[i].up = s.up;
+    v[i].inflight = s.inflight + static_cast<int>(s.queue.size());
+    v[i].window = config_.window;
+    v[i].weight = i < config_.weights.size() ? config_.weights[i] : 1.0;
+    v[i].throughput = s.throughput;
+    v[i].rtt = s.rtt;
+  }
+  return v;
+}
+
+void Engine::enqueue(Peer& peer, ChunkDesc* chunk) {
+  int p = peer.scheduler->assign(views(peer), chunk->op->length_);
+  if (p == kAnyPath) {
+    peer.shared.push_back(chunk);
+  } else if (p >= 0) {
+    peer.paths[p].queue.push_back(chunk);
+  } else {
+    markUnreachable(peer, strcat("no path to rank ", chunk->op->peer_, " is up"));
+  }
+}
+
+void Engine::pump(Peer& peer, int path) {
+  PathSlot& slot = peer.paths[path];
+  while (slot.up && slot.inflight < config_.window) {
+    ChunkDesc* c = nullptr;
+    if (!slot.queue.empty()) {
+      c = slot.queue.front();
+      slot.queue.pop_front();
+    } else if (peer.scheduler->pulls() && !peer.shared.empty()) {
+      c = peer.shared.front();
+      peer.shared.pop_front();
+    } else {
+      break;
+    }
+    SendOp* op = c->op;
+    c->path = path;
+    c->attempts++;
+    c->posted = Clock::now();
+    if (slot.inflight == 0) slot.last_progress = c->posted;
+    slot.inflight++;
+    op->outstanding_++;
+    transport::WriteRequest req;
+    req.local = op->src_;
+    req.src = op->src_addr_ + c->offset;
+    req.length = c->length;
+    req.remote = op->dst_;
+    req.remote_offset = op->dst_offset_ + c->offset;
+    req.with_imm = true;
+    req.imm = encodeImm(op->tag_, c->index);
+    req.wr_id = reinterpret_cast<uint64_t>(c);  // the paper's wr_id trick
+    mesh_.transport->postWrite(op->peer_, path, req);
+  }
+}
+
+std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
+                                      uint64_t dst_offset, uint64_t length, uint32_t tag) {
+  MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
+  MAESTRO_CHECK(tag < kMaxTags, "message tag ", tag, " out of range");
+  MAESTRO_CHECK(src_offset <= src.length && length <= src.length - src_offset, "write source [", src_offset, ", +",
+                length, ") outside its region of ", src.length, " bytes");
+  auto op = std::make_shared<SendOp>();
+  op->peer_ = peer;
+  op->tag_ = tag;
+  op->length_ = length;
+  op->src_ = src;
+  op->src_addr_ = static_cast<const uint8_t*>(src.addr) + src_offset;
+  op->dst_ = dst;
+  op->dst_offset_ = dst_offset;
+  for (const ChunkSpan& s : decompose(length, config_.chunk_size)) {
+    ChunkDesc c;
+    c.op = op.get();
+    c.index = s.index;
+    c.offset = s.offset;
+    c.length = s.length;
+    op->chunks_.push_back(c);
+  }
+  op->remaining_ = static_cast<uint32_t>(op->chunks_.size());
+  if (op->remaining_ == 0) {
+    op->done_ = true;
+    return op;
+  }
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.unreachable) throw Error(p.error);
+  p.sending[op.get()] = op;
+  for (auto& c : op->chunks_) enqueue(p, &c);
+  for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
+  return op;
+}
+
+void Engine::onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) {
+  auto* c = reinterpret_cast<ChunkDesc*>(wr_id);
+  SendOp* op = c->op;
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    PathSlot& slot = p.paths[path];
+    slot.inflight--;
+    op->outstanding_--;
+    auto now = Clock::now();
+    if (ok) {
+      p.last_heard = now;
+      slot.bytes_sent += c->length;
+      slot.chunks_sent++;
+      slot.tick_bytes += c->length;
+      slot.last_progress = now;
+      slot.completion = ewma(slot.completion, seconds(now - c->posted));
+      if (--op->remaining_ == 0) op->done_.store(true, std::memory_order_release);
+    } else if (!op->failed()) {
+      // Flushed by a failed path: move it to a live one. Writes are
+      // idempotent (same bytes, same place) and the receiver counts each
+      // chunk once, so a copy that did land does no harm.
+      slot.resent++;
+      enqueue(p, c);
+    }
+    bool finished = op->done() || (op->failed() && op->outstanding_ == 0);
+    if (finished) p.sending.erase(op);  // may free op (and c): not touched below
+    for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
+  }
+  notify();
+}
+
+void Engine::failSends(Peer& peer, const std::string& why) {
+  for (auto& s : peer.paths) s.queue.clear();
+  peer.shared.clear();
+  for (auto it = peer.sending.begin(); it != peer.sending.end();) {
+    SendOp* op = it->first;
+    if (!op->failed()) {
+      op->error_ = why;
+      op->failed_.store(true, std::memory_order_release);
+    }
+    // Keep ops with chunks still posted: their flush completions point at them.
+    it = op->outstanding_ == 0 ? peer.sending.erase(it) : std::next(it);
+  }
+}
+
+void Engine::markUnreachable(Peer& peer, const std::string& why) {
+  if (!peer.unreachable) {
+    peer.unreachable = true;
+    peer.error = why;
+    if (peer.left) MAESTRO_INFO(why);
+    else MAESTRO_WARN(why);
+  }
+  failSends(peer, peer.error);
+}
+
+// ---------------------------------------------------------------- receiving
+
+std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook) {
+  MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
+  auto op = std::make_shared<RecvOp>();
+  op->peer_ = peer;
+  op->tag_ = tag;
+  op->length_ = length;
+  auto shared_hook = hook ? std::make_shared<ChunkHook>(std::move(hook)) : nullptr;
+  Peer& p = *peers_[peer];
+  std::vector<ChunkSpan> early;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    early = p.reassembler.expect(tag, length, shared_hook);
+    p.receiving[tag] = op;
+    if (p.reassembler.complete(tag)) op->done_.store(true, std::memory_order_release);
+  }
+  for (const ChunkSpan& s : early) {  // chunks that landed before we asked
+    if (shared_hook) (*shared_hook)(s.offset, s.length);
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.reassembler.processed(tag)) op->done_.store(true, std::memory_order_release);
+  }
+  return op;
+}
+
+void Engine::release(const std::shared_ptr<RecvOp>& op) {
+  Peer& p = *peers_[op->peer_];
+  std::unique_lock<std::mutex> lock(p.mu);
+  auto it = p.receiving.find(op->tag_);
+  if (it != p.receiving.end() && it->second == op) {
+    p.receiving.erase(it);
+    p.reassembler.release(op->tag_);
+  }
+  // A hook still running writes into the operation's buffers: wait for it
+  // (only an aborted operation releases a message with chunks in flight).
+  while (op->hooks_running_ > 0) {
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
+}
+
+void Engine::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {
+  Peer& p = *peers_[peer];
+  uint32_t tag = immTag(imm);
+  ChunkSpan span;
+  std::shared_ptr<ChunkHook> hook;
+  std::shared_ptr<RecvOp> op;
+  std::string error;
+  Reassembler::Landed landed = Reassembler::Landed::kDuplicate;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    PathSlot& slot = p.paths[path];
+    slot.bytes_received += length;
+    slot.chunks_received++;
+    p.last_heard = Clock::now();
+    // Only the current operation's chunks can be legitimate: a peer writes
+    // to us only after our descriptor for that operation reached it.
+    if ((tag >> 10) == current_epoch_.load()) {
+      landed = p.reassembler.land(tag, immChunk(imm), length, &span, &hook, &error);
+      if (landed == Reassembler::Landed::kError)
+        markUnreachable(p, strcat("protocol error from rank ", peer, " on path ", path, ": ", error));
+      if (landed == Reassembler::Landed::kNew) {
+        auto it = p.receiving.find(tag);
+        if (it != p.receiving.end()) {
+          op = it->second;
+          op->hooks_running_++;
+        }
+      }
+    }
+  }
+  if (landed == Reassembler::Landed::kNew) {
+    if (hook) (*hook)(span.offset, span.length);  // e.g. reduce this chunk while the next arrives
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (op) op->hooks_running_--;
+    if (p.reassembler.processed(tag) && op) op->done_.store(true, std::memory_order_release);
+  }
+  notify();
+}
+
+// ---------------------------------------------------------------- control
+
+int Engine::controlPath(const Peer& peer) const {
+  // Control messages are small: the lowest-RTT live path under the latency
+  // policy, else the first live one.
+  int best = -1;
+  for (size_t i = 0; i < peer.paths.size(); ++i) {
+    if (!peer.paths[i].up) continue;
+    if (best < 0) best = static_cast<int>(i);
+    if (config_.policy == Policy::kLatency && peer.paths[i].rtt > 0 &&
+        (peer.paths[best].rtt <= 0 || peer.paths[i].rtt < peer.paths[best].rtt))
+      best = static_cast<int>(i);
+  }
+  return best;
+}
+
+void Engine::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub, const void* payload,
+                         size_t length) {
+  MAESTRO_CHECK(sizeof(ControlHeader) + length <= transport::kMaxControlBytes, "control message too large");
+  std::vector<uint8_t> msg(sizeof(ControlHeader) + length);
+  ControlHeader h{};
+  h.type = static_cast<uint8_t>(type);
+  h.sub = sub;
+  h.seq = seq;
+  std::memcpy(msg.data(), &h, sizeof h);
+  if (length) std::memcpy(msg.data() + sizeof h, payload, length);
+  Peer& p = *peers_[peer];
+  int path;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.unreachable) throw Error(p.error);
+    path = controlPath(p);
+    if (path < 0) {
+      markUnreachable(p, strcat("no path to rank ", peer, " is up"));
+      throw Error(p.error);
+    }
+  }
+  mesh_.transport->postSend(peer, path, msg.data(), msg.size());
+}
+
+bool Engine::takeControl(int peer, ControlKey key, std::vector<uint8_t>* payload) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto it = p.inbox.find(key);
+  if (it == p.inbox.end()) return false;
+  if (payload) *payload = std::move(it->second);
+  p.inbox.erase(it);
+  return true;
+}
+
+void Engine::broadcastAbort(uint64_t seq, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    aborts_.emplace(seq, reason);
+  }
+  std::string text = reason.substr(0, transport::kMaxControlBytes - sizeof(ControlHeader));
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      sendControl(peer, ControlType::kAbort, seq, static_cast<uint32_t>(rank_), text.data(), text.size());
+    } catch (const Error&) {
+      // That peer is unreachable; it will fail on its own.
+    }
+  }
+}
+
+bool Engine::abortFor(uint64_t seq, std::string* reason) const {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  auto it = aborts_.find(seq);
+  if (it == aborts_.end()) return false;
+  *reason = it->second;
+  return true;
+}
+
+void Engine::retire(uint64_t seq) {
+  retired_.store(std::max(retired_.load(), seq));
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Peer& p = *peers_[peer];
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (auto it = p.inbox.begin(); it != p.inbox.end();)
+      it = it->first.seq <= seq ? p.inbox.erase(it) : std::next(it);
+  }
+}
+
+void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
+  Peer& p = *peers_[peer];
+  if (length < sizeof(ControlHeader)) {
+    std::lock_guard<std::mutex> lock(p.mu);
+    markUnreachable(p, strcat("protocol error from rank ", peer, ": short control message"));
+  } else {
+    ControlHeader h;
+    std::memcpy(&h, data, sizeof h);
+    const uint8_t* body = data + sizeof h;
+    size_t body_len = length - sizeof h;
+    switch (static_cast<ControlType>(h.type)) {
+      case ControlType::kPing:
+        // Answer on the path it came on: the RTT is that path's.
+        try {
+          ControlHeader r = h;
+          r.type = static_cast<uint8_t>(ControlType::kPong);
+          mesh_.transport->postSend(peer, path, &r, sizeof r);
+        } catch (const Error&) {
+        }
+        return;
+      case ControlType::kPong: {
+        std::lock_guard<std::mutex> lock(p.mu);
+        p.last_heard = Clock::now();
+        PathSlot& slot = p.paths[path];
+        if (slot.ping_outstanding) {
+          slot.rtt = ewma(slot.rtt, seconds(Clock::now() - slot.ping_sent), 0.3);
+          slot.ping_outstanding = false;
+        }
+        return;
+      }
+      case ControlType::kBye: {
+        std::lock_guard<std::mutex> lock(p.mu);
+        p.left = true;
+        return;
+      }
+      case ControlType::kAbort: {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        aborts_.emplace(h.seq, std::string(reinterpret_cast<const char*>(body), body_len));
+        break;
+      }
+      case ControlType::kDesc:
+      case ControlType::kCredit:
+      case ControlType::kBarrier: {
+        std::lock_guard<std::mutex> lock(p.mu);
+        p.last_heard = Clock::now();
+        if (h.seq > retired_.load())
+          p.inbox[{static_cast<ControlType>(h.type), h.seq, h.sub}].assign(body, body + body_len);
+        break;
+      }
+      default: {
+        std::lock_guard<std::mutex> lock(p.mu);
+        markUnreachable(p, strcat("protocol error from rank ", peer, ": unknown control message ", int(h.type)));
+      }
+    }
+  }
+  notify();
+}
+
+void Engine::onPathError(int peer, int path, const std::string& what) {
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    PathSlot& slot = p.paths[path];
+    if (slot.up) {
+      slot.up = false;
+      slot.errors++;
+      slot.last_error = what;
+      if (p.left) MAESTRO_INFO("path ", path, " to rank ", peer, " closed: the rank left the group");
+      else MAESTRO_WARN("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
+    }
+    // Chunks queued on it move to the live paths; the ones in flight come
+    // back as flushed completions and move then.
+    std::deque<ChunkDesc*> orphans;
+    orphans.swap(slot.queue);
+    bool any_up = false;
+    for (const auto& s : p.paths) any_up = any_up || s.up;
+    if (!any_up && p.left) {
+      markUnreachable(p, strcat("rank ", peer, " has shut down its process group (destroy_process_group)"));
+    } else if (!any_up) {
+      std::string errors;
+      for (size_t i = 0; i < p.paths.size(); ++i)
+        errors += strcat("\n  path ", i, " (", p.paths[i].description, "): ", p.paths[i].last_error);
+      markUnreachable(p, strcat("all ", p.paths.size(), " paths to rank ", peer, " are down:", errors));
+    } else {
+      for (ChunkDesc* c : orphans) enqueue(p, c);
+      for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
+    }
+  }
+  notify();
+}
+
+// ---------------------------------------------------------------- monitor
+
+void Engine::monitorLoop() {
+  setLogRank(rank_);
+  const auto tick = std::chrono::duration<double>(std::min(config_.probe_interval, config_.path_timeout / 4));
+  auto last_tick = Clock::now();
+  auto last_probe = Clock::now();
+  while (!stopping_) {
+    {
+      std::unique_lock<std::mutex> lock(monitor_mu_);
+      monitor_cv_.wait_for(lock, tick, [&] { return stopping_.load(); });
+    }
+    if (stopping_) break;
+    auto now = Clock::now();
+    double dt = seconds(now - last_tick);
+    last_tick = now;
+    bool probe = seconds(now - last_probe) >= config_.probe_interval;
+    if (probe) last_probe = now;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      Peer& p = *peers_[peer];
+      std::vector<std::pair<int, std::string>> to_close;
+      std::vector<int> to_ping;
+      {
+        std::lock_guard<std::mutex> lock(p.mu);
+        for (size_t i = 0; i < p.paths.size(); ++i) {
+          PathSlot& s = p.paths[i];
+          // Throughput while busy: bytes completed over the tick.
+          if (s.tick_busy && dt > 0) s.throughput = ewma(s.throughput, s.tick_bytes / dt, 0.3);
+          s.tick_bytes = 0;
+          s.tick_busy = s.inflight > 0;
+          if (!s.up) continue;
+          // A path that holds chunks and completes none for path_timeout
+          // while the peer is heard from elsewhere is blackholed: close it,
+          // its chunks move. (A peer silent on every path is slow or gone;
+          // the operation's timeout covers that.)
+          if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout &&
+              seconds(now - p.last_heard) < config_.path_timeout)
+            to_close.emplace_back(static_cast<int>(i),
+                                  strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
+                                         " chunks in flight (blackholed path?)"));
+          if (probe && !s.ping_outstanding) {
+            s.ping_outstanding = true;
+            s.ping_sent = now;
+            to_ping.push_back(static_cast<int>(i));
+          }
+        }
+      }
+      for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
+      for (int i : to_ping) {
+        ControlHeader h{};
+        h.type = static_cast<uint8_t>(ControlType::kPing);
+        try {
+          mesh_.transport->postSend(peer, i, &h, sizeof h);
+        } catch (const Error&) {
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- stats
+
+std::vector<PathStats> Engine::pathStats() const {
+  std::vector<PathStats> out;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Peer& p = *peers_[peer];
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (size_t i = 0; i < p.paths.size(); ++i) {
+      const PathSlot& s = p.paths[i];
+      PathStats st;
+      st.peer = peer;
+      st.path = static_cast<int>(i);
+      st.state = !s.up ? "down" : (s.inflight > 0 && seconds(Clock::now() - s.last_progress) > config_.path_timeout / 2)
+                                      ? "suspect"
+                                      : "up";
+      st.description = s.description;
+      st.last_error = s.last_error;
+      st.bytes_sent = s.bytes_sent;
+      st.bytes_received = s.bytes_received;
+      st.chunks_sent = s.chunks_sent;
+      st.chunks_received = s.chunks_received;
+      st.errors = s.errors;
+      st.resent = s.resent;
+      st.throughput = s.throughput;
+      st.completion_time = s.completion;
+      st.rtt = s.rtt;
+      out.push_back(st);
+    }
+  }
+  return out;
+}
+
+std::string Engine::pathTable() const {
+  std::ostringstream os;
+  os << "  peer path state   " << std::left << std::setw(44) << "local <-> remote" << std::right << std::setw(12)
+     << "sent MB" << std::setw(12) << "recv MB" << std::setw(9) << "chunks" << std::setw(7) << "errors"
+     << std::setw(7) << "resent" << std::setw(10) << "MB/s" << std::setw(10) << "rtt ms" << "\n";
+  for (const auto& s : pathStats()) {
+    os << "  " << std::setw(4) << s.peer << std::setw(5) << s.path << " " << std::left << std::setw(8) << s.state
+       << std::setw(44) << s.description << std::right << std::fixed << std::setprecision(2) << std::setw(12)
+       << s.bytes_sent / 1e6 << std::setw(12) << s.bytes_received / 1e6 << std::setw(9) << s.chunks_sent
+       << std::setw(7) << s.errors << std::setw(7) << s.resent << std::setw(10) << s.throughput / 1e6
+       << std::setw(10) << s.rtt * 1e3 << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace multipath
+}  // namespace maestro

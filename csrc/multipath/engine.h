@@ -1,0 +1,228 @@
+// The multipath engine of one process group: the paper's multi-path
+// transport (§4.2-4.4) on top of any transport.
+//
+//   write()   Decomposer: cuts a message into chunks; the load balancer
+//             (Scheduler) assigns each to a path or to the shared queue;
+//             every path holds at most `window` chunks in flight. The wr_id
+//             of each posted chunk is the address of its ChunkDesc (the
+//             paper's Table 1 trick), so a completion finds its chunk, its
+//             message and its path in O(1).
+//   expect()  Reassembler: counts the chunks of a message as they land
+//             (in place), runs a per-chunk hook, says when all have landed.
+//   control   small two-sided messages (operation descriptors, credits,
+//             aborts, barrier tokens), matched by (type, seq, sub).
+//   failover  a chunk flushed by a failed path is re-assigned to a live one;
+//             the receiver counts it once even if both copies land.
+//   monitor   per-path throughput, chunk completion time, probe RTT; a path
+//             holding chunks without progress for path_timeout is closed.
+//
+// Threads: transport threads deliver completions (CompletionSink); one
+// collective thread drives write()/expect() and sleeps in waitEvent(), which
+// wakes on every completion, arrival, control message and error.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "common/config.h"
+#include "common/rendezvous.h"
+#include "multipath/qp_manager.h"
+#include "multipath/reassembler.h"
+#include "multipath/scheduler.h"
+#include "transport/transport.h"
+
+namespace maestro {
+namespace multipath {
+
+enum class ControlType : uint8_t { kDesc = 1, kCredit = 2, kAbort = 3, kBarrier = 4, kPing = 5, kPong = 6, kBye = 7 };
+
+struct ControlKey {
+  ControlType type;
+  uint64_t seq;
+  uint32_t sub;
+  bool operator<(const ControlKey& o) const {
+    return std::tie(type, seq, sub) < std::tie(o.type, o.seq, o.sub);
+  }
+};
+
+struct PathStats {
+  int peer = -1;
+  int path = -1;
+  std::string state;        // up | suspect | down
+  std::string description;  // local -> remote addresses
+  std::string last_error;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t chunks_sent = 0, chunks_received = 0;
+  uint64_t errors = 0, resent = 0;
+  double throughput = 0;       // bytes/s while busy (EWMA)
+  double completion_time = 0;  // seconds per chunk, post to ACK (EWMA)
+  double rtt = 0;              // probe round trip, seconds (EWMA)
+};
+
+class SendOp;
+struct ChunkDesc;
+
+class RecvOp {
+ public:
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  uint64_t length() const { return length_; }
+
+ private:
+  friend class Engine;
+  int peer_ = -1;
+  uint32_t tag_ = 0;
+  uint64_t length_ = 0;
+  std::atomic<bool> done_{false};
+  int hooks_running_ = 0;  // chunk hooks in progress (peer.mu)
+};
+
+class Engine : public transport::CompletionSink {
+ public:
+  // Runs the QP manager: agrees on the config with every rank (Options
+  // overrides + environment), then connects the full mesh of paths.
+  Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
+         Deadline setup_deadline, const std::string& rendezvous_host = "");
+  ~Engine() override;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Config& config() const { return config_; }
+  int paths() const { return mesh_.paths; }
+  const std::string& transportName() const { return mesh_.transport_kind; }
+  transport::Transport& transport() { return *mesh_.transport; }
+
+  // ---- memory ----
+  Region registerMemory(void* addr, size_t length) { return mesh_.transport->registerMemory(addr, length); }
+  void deregisterMemory(const Region& r) { mesh_.transport->deregisterMemory(r); }
+  uint64_t expose(const Region& r) { return mesh_.transport->expose(r); }
+  void conceal(const Region& r) { mesh_.transport->conceal(r); }
+  // An engine-owned registered buffer of at least `bytes` (grown on demand;
+  // the returned region stays valid until the next call with the same slot).
+  Region buffer(int slot, size_t bytes);
+
+  // ---- data ----
+  // The operation now running on this rank. Chunks whose tag belongs to
+  // another operation (late duplicates after a failover) are dropped before
+  // they reach the reassembler. Tags carry the operation's epoch in their
+  // top two bits (see collectives/op.h).
+  void beginOperation(uint64_t seq) { current_epoch_.store(static_cast<uint32_t>(seq & 3)); }
+  std::shared_ptr<SendOp> write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
+                                uint64_t dst_offset, uint64_t length, uint32_t tag);
+  std::shared_ptr<RecvOp> expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook = nullptr);
+  void release(const std::shared_ptr<RecvOp>& op);
+
+  // ---- control ----
+  void sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub, const void* payload = nullptr,
+                   size_t length = 0);
+  bool takeControl(int peer, ControlKey key, std::vector<uint8_t>* payload);
+  // Tell every peer that operation `seq` failed here (best effort).
+  void broadcastAbort(uint64_t seq, const std::string& reason);
+  // An abort some rank sent for `seq`, if any.
+  bool abortFor(uint64_t seq, std::string* reason) const;
+  // Operation `seq` is finished: drop its leftover control messages.
+  void retire(uint64_t seq);
+
+  // ---- progress ----
+  uint64_t eventCount() const { return events_.load(); }
+  // Sleep until something happens after `seen` (false at the deadline).
+  bool waitEvent(uint64_t seen, Deadline deadline);
+  // Throws if `peer` can no longer be reached (every path down).
+  void checkPeer(int peer);
+
+  // ---- introspection ----
+  std::vector<PathStats> pathStats() const;
+  std::string pathTable() const;  // human readable, for MAESTRO_DEBUG=INFO
+  std::string describeSetup() const;
+
+  // CompletionSink
+  void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) override;
+  void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override;
+  void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
+  void onPathError(int peer, int path, const std::string& what) override;
+
+ private:
+  struct PathSlot;
+  struct Peer;
+
+  void notify();
+  void pump(Peer& peer, int path);                 // peer.mu held
+  void enqueue(Peer& peer, ChunkDesc* chunk);      // peer.mu held
+  std::vector<PathView> views(const Peer& peer) const;  // peer.mu held
+  void failSends(Peer& peer, const std::string& why);    // peer.mu held
+  void markUnreachable(Peer& peer, const std::string& why);  // peer.mu held
+  int controlPath(const Peer& peer) const;         // peer.mu held
+  void monitorLoop();
+
+  const int rank_;
+  const int size_;
+  Config config_;
+  Mesh mesh_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+
+  std::atomic<uint64_t> events_{0};
+  std::atomic<int> waiters_{0};
+  std::mutex event_mu_;
+  std::condition_variable event_cv_;
+
+  mutable std::mutex abort_mu_;
+  std::map<uint64_t, std::string> aborts_;
+  std::atomic<uint64_t> retired_{0};
+
+  std::mutex buffers_mu_;
+  std::map<int, std::pair<Region, void*>> buffers_;
+
+  std::atomic<uint32_t> current_epoch_{0};
+  std::atomic<bool> stopping_{false};
+  std::mutex monitor_mu_;
+  std::condition_variable monitor_cv_;
+  std::thread monitor_;
+};
+
+// The Decomposer's unit of work: one chunk of one message (paper Table 1:
+// WR id, VP id, message id, chunk id).
+struct ChunkDesc {
+  SendOp* op = nullptr;
+  uint32_t index = 0;   // chunk id
+  int path = -1;        // virtual path it is posted to
+  uint64_t offset = 0;  // within the message
+  uint64_t length = 0;
+  int attempts = 0;
+  Clock::time_point posted{};
+};
+
+class SendOp {
+ public:
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  const std::string& error() const { return error_; }  // valid once failed()
+  uint64_t length() const { return length_; }
+
+ private:
+  friend class Engine;
+  int peer_ = -1;
+  uint32_t tag_ = 0;
+  uint64_t length_ = 0;
+  Region src_;
+  const uint8_t* src_addr_ = nullptr;
+  RemoteRegion dst_;
+  uint64_t dst_offset_ = 0;
+  std::vector<ChunkDesc> chunks_;
+  uint32_t remaining_ = 0;    // chunks not yet landed (peer.mu)
+  uint32_t outstanding_ = 0;  // chunks posted and not yet completed (peer.mu)
+  std::string error_;
+  std::atomic<bool> done_{false};
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace multipath
+}  // namespace maestro

@@ -1,0 +1,69 @@
+// QP manager (paper §4.1, §5.1): the control plane that turns a group of
+// ranks into a full mesh of paths.
+//
+// Through the rendezvous store the ranks agree on: whether they share one
+// host, the group-wide knobs (identical on every rank, else a clear error on
+// every rank), a random per-group secret that every connecting path must
+// present, each rank's vNIC addresses and listening endpoints, the number of
+// paths, and the transport. Then the lower rank of every pair opens path i
+// from its vNIC i to the peer's vNIC i (bind before connect), so the network
+// sees one distinct flow per path.
+//
+// Every step publishes "ok:<value>" or "error:<message>" under the rank's key
+// for that step, so a rank that fails (a bad knob, an address that is not
+// local) makes every other rank fail at once with that message instead of
+// waiting for the timeout.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/rendezvous.h"
+#include "multipath/vnic.h"
+#include "transport/factory.h"
+#include "transport/transport.h"
+
+namespace maestro {
+namespace multipath {
+
+struct Mesh {
+  std::unique_ptr<transport::Transport> transport;
+  transport::TransportOptions options;  // secret, rank, window, ...
+  std::string transport_kind;
+  std::string transport_why;
+  VnicChoice vnics;
+  int paths = 0;
+  // specs[peer][path]: local vNIC -> the peer's endpoint (empty for self).
+  std::vector<std::vector<transport::PathSpec>> specs;
+};
+
+class QpManager {
+ public:
+  QpManager(Rendezvous& store, int rank, int size, Deadline deadline);
+
+  // Resolves the config (Options overrides + environment) as the first step,
+  // so a bad knob on one rank fails every rank.
+  Config agreeOnConfig(const std::map<std::string, std::string>& overrides);
+  // Agree on vNICs, paths per peer, the group secret and the transport.
+  Mesh plan(const Config& config, const std::string& rendezvous_host);
+  // Create the transport, listen, exchange endpoints and connect every path.
+  // Completions may reach `sink` as soon as the first path is up.
+  void open(const Config& config, Mesh& mesh, transport::CompletionSink* sink);
+
+ private:
+  // Publish our value for `step` and collect every rank's. Throws with the
+  // message of the first rank that published an error.
+  std::vector<std::string> allGather(const std::string& step, const std::string& value);
+  void publishError(const std::string& message);
+
+  Rendezvous& store_;
+  const int rank_;
+  const int size_;
+  const Deadline deadline_;
+  std::vector<std::string> published_;  // steps this rank has published
+};
+
+}  // namespace multipath
+}  // namespace maestro

@@ -1,0 +1,87 @@
+#include "multipath/reassembler.h"
+
+#include "common/error.h"
+
+namespace maestro {
+namespace multipath {
+
+Reassembler::Reassembler(uint64_t chunk_size) : chunk_size_(chunk_size), messages_(kMaxTags) {}
+
+bool Reassembler::testAndSet(Message& m, uint32_t chunk) {
+  size_t word = chunk / 64;
+  if (m.bitmap.size() <= word) m.bitmap.resize(word + 1, 0);
+  uint64_t bit = 1ull << (chunk % 64);
+  if (m.bitmap[word] & bit) return false;
+  m.bitmap[word] |= bit;
+  return true;
+}
+
+std::vector<ChunkSpan> Reassembler::expect(uint32_t tag, uint64_t bytes, std::shared_ptr<ChunkHook> hook) {
+  MAESTRO_CHECK(tag < kMaxTags, "message tag ", tag, " out of range");
+  Message& m = messages_[tag];
+  MAESTRO_CHECK(!m.expected, "message tag ", tag, " is already expected (collective schedule bug)");
+  m.expected = true;
+  m.bytes = bytes;
+  m.chunks = chunkCount(bytes, chunk_size_);
+  m.hook = std::move(hook);
+  std::vector<ChunkSpan> early;
+  for (const auto& e : m.early) {
+    ChunkSpan span = chunkAt(bytes, chunk_size_, e.first);
+    MAESTRO_CHECK(e.first < m.chunks && span.length == e.second, "chunk ", e.first, " of message ", tag,
+                  " arrived with ", e.second, " bytes, but the message has ", m.chunks, " chunks of ",
+                  chunk_size_, " bytes (MAESTRO_CHUNK_SIZE differs between ranks?)");
+    early.push_back(span);
+  }
+  m.early.clear();
+  return early;
+}
+
+Reassembler::Landed Reassembler::land(uint32_t tag, uint32_t chunk, uint64_t length, ChunkSpan* span_out,
+                                      std::shared_ptr<ChunkHook>* hook_out, std::string* error) {
+  if (tag >= kMaxTags || chunk >= kMaxChunksPerMessage) {
+    *error = strcat("chunk id out of range (tag ", tag, ", chunk ", chunk, ")");
+    return Landed::kError;
+  }
+  Message& m = messages_[tag];
+  if (m.expected && chunk >= m.chunks) {
+    *error = strcat("chunk ", chunk, " of message ", tag, " but the message has only ", m.chunks, " chunks");
+    return Landed::kError;
+  }
+  if (!testAndSet(m, chunk)) return Landed::kDuplicate;
+  ++m.landed;
+  if (!m.expected) {
+    m.early.emplace_back(chunk, length);
+    return Landed::kEarly;
+  }
+  ChunkSpan span = chunkAt(m.bytes, chunk_size_, chunk);
+  if (span.length != length) {
+    *error = strcat("chunk ", chunk, " of message ", tag, " carried ", length, " bytes, expected ", span.length,
+                    " (MAESTRO_CHUNK_SIZE differs between ranks?)");
+    return Landed::kError;
+  }
+  *span_out = span;
+  *hook_out = m.hook;
+  return Landed::kNew;
+}
+
+bool Reassembler::processed(uint32_t tag) {
+  Message& m = messages_[tag];
+  ++m.processed;
+  return m.processed == m.chunks;
+}
+
+bool Reassembler::complete(uint32_t tag) const {
+  const Message& m = messages_[tag];
+  return m.expected && m.processed == m.chunks;
+}
+
+void Reassembler::release(uint32_t tag) { messages_[tag] = Message(); }
+
+size_t Reassembler::active() const {
+  size_t n = 0;
+  for (const auto& m : messages_) n += m.inUse() ? 1 : 0;
+  return n;
+}
+
+}  // namespace multipath
+}  // namespace maestro

@@ -1,0 +1,90 @@
+#include "multipath/registration_cache.h"
+
+#include <vector>
+
+#include "common/error.h"
+
+namespace maestro {
+namespace multipath {
+
+RegistrationCache::RegistrationCache(transport::Transport* transport, size_t capacity)
+    : transport_(transport), capacity_(capacity) {}
+
+RegistrationCache::~RegistrationCache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!entries_.empty()) evict(entries_.begin());
+}
+
+void RegistrationCache::evict(std::unordered_map<const void*, Entry>::iterator it) {
+  transport_->deregisterMemory(it->second.region);
+  lru_.erase(it->second.lru);
+  entries_.erase(it);
+  ++evictions_;
+}
+
+void RegistrationCache::dropDead() {
+  std::vector<const void*> dead;
+  for (auto& kv : entries_)
+    if (kv.second.pins == 0 && !kv.second.alive()) dead.push_back(kv.first);
+  for (const void* owner : dead) evict(entries_.find(owner));
+}
+
+void RegistrationCache::trim() {
+  dropDead();
+  std::vector<const void*> oldest_first(lru_.rbegin(), lru_.rend());
+  for (const void* owner : oldest_first) {
+    if (entries_.size() <= capacity_) break;
+    auto it = entries_.find(owner);
+    if (it->second.pins == 0) evict(it);
+  }
+}
+
+Region RegistrationCache::acquire(const void* owner, void* addr, size_t length, Alive alive) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(owner);
+  if (it != entries_.end()) {
+    Entry& e = it->second;
+    if (e.addr == addr && e.length == length && e.alive()) {
+      ++hits_;
+      ++e.pins;
+      lru_.splice(lru_.begin(), lru_, e.lru);
+      return e.region;
+    }
+    // The owner died or changed its memory (resize, set_): a stale entry.
+    MAESTRO_CHECK(e.pins == 0, "registration of a buffer changed while an operation uses it");
+    evict(it);
+  }
+  ++misses_;
+  Entry e;
+  e.addr = addr;
+  e.length = length;
+  e.alive = std::move(alive);
+  e.region = transport_->registerMemory(addr, length);
+  e.pins = 1;
+  lru_.push_front(owner);
+  e.lru = lru_.begin();
+  Region r = e.region;
+  entries_.emplace(owner, std::move(e));
+  if (entries_.size() > capacity_) trim();
+  return r;
+}
+
+void RegistrationCache::unpin(const void* owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(owner);
+  if (it != entries_.end() && it->second.pins > 0) --it->second.pins;
+  if (entries_.size() > capacity_) trim();
+}
+
+void RegistrationCache::sweep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  dropDead();
+}
+
+size_t RegistrationCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+}  // namespace multipath
+}  // namespace maestro

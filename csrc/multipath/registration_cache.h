@@ -1,0 +1,66 @@
+// Memory registration cache (paper §5.1): a tensor's memory is registered on
+// first use and the registration is reused on later iterations (DDP reuses
+// its gradient buckets), because registering is expensive on RDMA.
+//
+// Entries are keyed by an owner (the tensor's storage) and hold an `alive`
+// probe for it: an entry whose owner died, or whose owner now has other
+// memory, is deregistered and never returned -- the cache never hands out a
+// registration of freed memory. Entries in use by a running operation are
+// pinned and never evicted; the rest are bounded by `capacity`, least
+// recently used first.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "transport/transport.h"
+
+namespace maestro {
+namespace multipath {
+
+class RegistrationCache {
+ public:
+  using Alive = std::function<bool()>;  // false once the owner's memory is gone
+
+  RegistrationCache(transport::Transport* transport, size_t capacity);
+  ~RegistrationCache();
+  RegistrationCache(const RegistrationCache&) = delete;
+  RegistrationCache& operator=(const RegistrationCache&) = delete;
+
+  // A registration covering [addr, addr+length), pinned until unpin(owner).
+  Region acquire(const void* owner, void* addr, size_t length, Alive alive);
+  void unpin(const void* owner);
+  // Drop every entry whose owner died.
+  void sweep();
+
+  size_t size() const;
+  uint64_t hits() const { return hits_; }
+  uint64_t misses() const { return misses_; }
+  uint64_t evictions() const { return evictions_; }
+
+ private:
+  struct Entry {
+    void* addr = nullptr;
+    size_t length = 0;
+    Alive alive;
+    Region region;
+    int pins = 0;
+    std::list<const void*>::iterator lru;
+  };
+  void evict(std::unordered_map<const void*, Entry>::iterator it);  // mu_ held
+  void dropDead();                                                   // mu_ held
+  void trim();                                                       // mu_ held
+
+  transport::Transport* const transport_;
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::unordered_map<const void*, Entry> entries_;
+  std::list<const void*> lru_;  // front = most recently used
+  uint64_t hits_ = 0, misses_ = 0, evictions_ = 0;
+};
+
+}  // namespace multipath
+}  // namespace maestro

@@ -1,0 +1,40 @@
+#include "multipath/vnic.h"
+
+#include "common/error.h"
+#include "common/net.h"
+
+namespace maestro {
+namespace multipath {
+
+VnicChoice chooseVnics(const Config& config, bool all_ranks_on_this_host, const std::string& rendezvous_host) {
+  VnicChoice c;
+  if (!config.vnics.empty()) {
+    for (const auto& a : config.vnics)
+      MAESTRO_CHECK(net::isLocalAddress(a), "MAESTRO_VNICS: ", a,
+                    " is not an address of this host (add it as an IP alias first, e.g. "
+                    "`ip addr add ", a, "/24 dev <ifname>` or `maestro-vnic add`)");
+    c.addresses = config.vnics;
+    c.source = "MAESTRO_VNICS";
+    return c;
+  }
+  if (!config.ifname.empty()) {
+    c.addresses = net::interfaceAddresses(config.ifname);
+    c.source = "MAESTRO_IFNAME=" + config.ifname;
+    return c;
+  }
+  if (all_ranks_on_this_host) {
+    for (int i = 1; i <= kLoopbackPaths; ++i) c.addresses.push_back(strcat("127.0.0.", i));
+    c.source = "loopback aliases (every rank runs on this host)";
+    return c;
+  }
+  std::string host = rendezvous_host.empty() ? std::string("localhost") : rendezvous_host;
+  c.addresses = {net::sourceAddressFor(host)};
+  c.source = strcat("the address that reaches ", host);
+  c.warning = strcat("maestro runs a single path per peer (", c.addresses[0],
+                     "): multi-path needs virtual NICs; set MAESTRO_VNICS to this host's IP aliases "
+                     "or MAESTRO_IFNAME to an interface that carries them");
+  return c;
+}
+
+}  // namespace multipath
+}  // namespace maestro
