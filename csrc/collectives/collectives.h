@@ -1,0 +1,41 @@
+// The collectives, on top of the multipath engine (no torch here).
+//
+// Every function is called on every rank with the same seq (identical across
+// ranks) and blocks until the operation is complete on this rank, or throws
+// maestro::Error on every rank. Buffers are registered windows (see Window);
+// the c10d layer handles tensors, registration and non-contiguity.
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/op.h"
+#include "collectives/reduce.h"
+#include "multipath/engine.h"
+
+namespace maestro {
+namespace collectives {
+
+// Engine buffer slots the collectives use.
+constexpr int kScratchBuffer = 0;  // reduce-scatter receive slots
+constexpr int kWorkBuffer = 1;     // reduce_scatter's working copy of the input
+
+// Ring allreduce, in place: reduce-scatter then allgather, segment-pipelined;
+// the allgather phase writes straight into the peers' tensors.
+void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
+               ReduceOp op, Deadline deadline);
+// input: size*count elements; output (count elements) gets this rank's
+// reduced block. The input is not modified.
+void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, void* output, uint64_t count,
+                   DType dtype, ReduceOp op, Deadline deadline);
+// output: size*count elements, written in place by the peers; block `rank`
+// is copied from input (input may alias it).
+void allgather(multipath::Engine& engine, uint64_t seq, const void* input, const Window& output, uint64_t count,
+               DType dtype, Deadline deadline);
+// Pipelined chain from root through the ring, in place.
+void broadcast(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
+               int root, Deadline deadline);
+// Dissemination barrier over control messages.
+void barrier(multipath::Engine& engine, uint64_t seq, Deadline deadline);
+
+}  // namespace collectives
+}  // namespace maestro

@@ -1,0 +1,99 @@
+// One collective operation on one rank: its descriptor, the handshake every
+// operation starts with, message tags, and the wait loop that turns aborts,
+// dead peers and the deadline into errors on every rank.
+//
+// Handshake: each rank exposes the regions its left neighbour will write into
+// and sends the left neighbour a DESC (the operation descriptor + those
+// regions); it then receives its right neighbour's DESC and checks that the
+// descriptors match. The ring is connected, so if any two ranks disagree
+// (shape, dtype, op, root, collective), some rank sees it and aborts the
+// operation on every rank with a message naming both sides. No data moves
+// into a rank's memory before that rank has exposed it for this operation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "collectives/reduce.h"
+#include "multipath/engine.h"
+
+namespace maestro {
+namespace collectives {
+
+enum class OpKind : uint8_t { kAllreduce = 1, kReduceScatter, kAllgather, kBroadcast, kBarrier };
+const char* opKindName(OpKind kind);
+
+// What every rank must agree on. Sent to the left neighbour in the DESC.
+struct OpDesc {
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t reduce_op = 0;
+  uint8_t reserved = 0;
+  int32_t root = -1;
+  uint64_t count = 0;  // elements: allreduce/broadcast the tensor, reduce_scatter the output, allgather the input
+  bool operator==(const OpDesc& o) const;
+};
+std::string describe(const OpDesc& desc);
+
+// A registered buffer as one operation sees it: the tensor starts `base`
+// bytes into the registration (registrations cover whole storages).
+struct Window {
+  Region region;
+  uint64_t base = 0;
+};
+struct RemoteWindow {
+  RemoteRegion region;
+  uint64_t base = 0;
+};
+
+// Tag of a message: the operation's epoch (seq mod 4) and the message's
+// index within the operation, so consecutive operations never share tags.
+constexpr uint32_t kMessagesPerOp = 1024;
+
+class OpContext {
+ public:
+  OpContext(multipath::Engine& engine, uint64_t seq, const OpDesc& desc, Deadline deadline);
+  ~OpContext();  // conceals the exposed regions, retires the seq
+  OpContext(const OpContext&) = delete;
+  OpContext& operator=(const OpContext&) = delete;
+
+  multipath::Engine& engine() { return engine_; }
+  int rank() const { return engine_.rank(); }
+  int size() const { return engine_.size(); }
+  int left() const { return (rank() + size() - 1) % size(); }
+  int right() const { return (rank() + 1) % size(); }
+  uint64_t seq() const { return seq_; }
+  const OpDesc& desc() const { return desc_; }
+  std::string name() const;  // "allreduce #12"
+
+  // Expose `windows` (to the left neighbour), exchange and check the DESC;
+  // returns the right neighbour's windows.
+  std::vector<RemoteWindow> handshake(const std::vector<Window>& windows);
+  // Abort unless `peer` is reachable (for peers other than the neighbours).
+  void checkPeer(int peer);
+
+  uint32_t tag(uint32_t message_index) const;
+
+  // Drive the operation: call step() (non-blocking progress) until it
+  // returns true, sleeping on engine events in between. Throws on an abort
+  // from any rank, an unreachable neighbour or the deadline; `waiting_for`
+  // describes the state for the timeout message.
+  void run(const std::function<bool()>& step, const std::function<std::string()>& waiting_for);
+
+  // Raise an error on this rank and abort the operation on every rank.
+  [[noreturn]] void abort(const std::string& reason);
+
+ private:
+  void checkHealth();
+
+  multipath::Engine& engine_;
+  const uint64_t seq_;
+  const OpDesc desc_;
+  const Deadline deadline_;
+  std::vector<Region> exposed_;
+};
+
+}  // namespace collectives
+}  // namespace maestro

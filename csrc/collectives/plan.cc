@@ -1,0 +1,52 @@
+#include "collectives/plan.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace maestro {
+namespace collectives {
+
+std::vector<Span> balancedBlocks(uint64_t count, size_t elem, int n) {
+  std::vector<Span> out(n);
+  uint64_t base = count / n, extra = count % n, at = 0;
+  for (int i = 0; i < n; ++i) {
+    uint64_t elems = base + (static_cast<uint64_t>(i) < extra ? 1 : 0);
+    out[i] = {at * elem, elems * elem};
+    at += elems;
+  }
+  return out;
+}
+
+std::vector<Span> equalBlocks(uint64_t bytes, int n) {
+  std::vector<Span> out(n);
+  for (int i = 0; i < n; ++i) out[i] = {static_cast<uint64_t>(i) * bytes, bytes};
+  return out;
+}
+
+Segmentation segmentBlocks(const std::vector<Span>& blocks, uint64_t target_bytes, uint32_t max_segments) {
+  MAESTRO_CHECK(max_segments >= 1 && target_bytes >= 64, "bad segmentation parameters");
+  uint64_t largest = 0;
+  for (const auto& b : blocks) largest = std::max(largest, b.bytes);
+  Segmentation s;
+  if (largest == 0) {
+    s.per_block = 0;
+    s.segment_bytes = target_bytes;
+    return s;
+  }
+  uint64_t g = std::min<uint64_t>((largest + target_bytes - 1) / target_bytes, max_segments);
+  uint64_t seg = (largest + g - 1) / g;
+  seg = (seg + 63) / 64 * 64;
+  s.segment_bytes = seg;
+  s.per_block = static_cast<uint32_t>((largest + seg - 1) / seg);
+  return s;
+}
+
+Span segmentOf(const Span& block, const Segmentation& seg, uint32_t g) {
+  uint64_t start = static_cast<uint64_t>(g) * seg.segment_bytes;
+  if (start >= block.bytes) return {block.offset + block.bytes, 0};
+  return {block.offset + start, std::min(seg.segment_bytes, block.bytes - start)};
+}
+
+}  // namespace collectives
+}  // namespace maestro

@@ -1,0 +1,38 @@
+// How a collective cuts its buffer: n blocks (one per rank), each block into
+// G pipeline segments. A segment is one message (decomposed into chunks by
+// the multipath engine); both sides of every message derive the same cut
+// from the operation descriptor, so no sizes travel on the wire.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace maestro {
+namespace collectives {
+
+struct Span {
+  uint64_t offset = 0;  // bytes
+  uint64_t bytes = 0;
+};
+
+// count elements of elem bytes over n blocks; the first count % n blocks get
+// one more element.
+std::vector<Span> balancedBlocks(uint64_t count, size_t elem, int n);
+// n consecutive blocks of `bytes` each.
+std::vector<Span> equalBlocks(uint64_t bytes, int n);
+
+struct Segmentation {
+  uint32_t per_block = 0;      // G: segments per block (some may be empty)
+  uint64_t segment_bytes = 0;  // every segment but a block's last
+};
+
+// G segments of about target_bytes, at most max_segments per block. Segment
+// sizes are multiples of 64 bytes (of every element size), so segments and
+// the chunks inside them always hold whole elements.
+Segmentation segmentBlocks(const std::vector<Span>& blocks, uint64_t target_bytes, uint32_t max_segments);
+// Segment g of a block (bytes may be 0).
+Span segmentOf(const Span& block, const Segmentation& seg, uint32_t g);
+
+}  // namespace collectives
+}  // namespace maestro

@@ -1,0 +1,268 @@
+// Ring reduce-scatter / allgather over the multipath engine.
+//
+// The buffer is cut into n blocks (one per rank) and each block into G
+// segments; a segment is one message. Rank r at reduce-scatter step s sends
+// block (r + shift - s) to its right neighbour and receives block
+// (r - 1 + shift - s) from its left one; after n-1 steps it holds block
+// (r + shift + 1) fully reduced. The allgather phase then circulates the
+// reduced blocks, written straight into the peers' buffers.
+//
+// Pipelining: messages are posted strictly in index order as soon as their
+// data is ready, so segment g of step s+1 leaves as soon as segment g of step
+// s has been reduced -- and the reduction itself runs chunk by chunk on the
+// transport thread that landed the chunk (reduce one chunk while the next
+// arrives).
+//
+// Flow control of the reduce-scatter scratch: the receiver exposes K slots of
+// one segment each; message k lands in slot k mod K. The writer holds K
+// credits: it may write message k only after the receiver returned credit
+// k-K, which it does once message k-K is reduced. Posting in index order and
+// reducing into the separate work buffer (never into the slot being
+// forwarded) keeps this free of the store-and-forward deadlock.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "collectives/plan.h"
+#include "common/error.h"
+
+namespace maestro {
+namespace collectives {
+namespace {
+
+using multipath::ControlType;
+using multipath::RecvOp;
+using multipath::SendOp;
+
+struct RingPlan {
+  Window work;               // n blocks, offsets relative to work.base
+  std::vector<Span> blocks;  // n blocks
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  bool reduce_scatter = false;
+  int rs_shift = 0;  // RS step s: rank r sends block (r + rs_shift - s)
+  bool allgather = false;
+  int ag_shift = 0;  // AG step s: rank r sends block (r + ag_shift - s)
+};
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+void runRing(OpContext& ctx, const RingPlan& plan) {
+  multipath::Engine& engine = ctx.engine();
+  const int n = ctx.size(), r = ctx.rank();
+  const int L = ctx.left(), R = ctx.right();
+  const uint32_t rs_steps = plan.reduce_scatter ? n - 1 : 0;
+  const uint32_t ag_steps = plan.allgather ? n - 1 : 0;
+  const uint32_t steps = rs_steps + ag_steps;
+  MAESTRO_CHECK(steps <= kMessagesPerOp, ctx.name(), ": groups of more than ", kMessagesPerOp / 2 + 1,
+                " ranks are not supported by the ring");
+  const Segmentation seg =
+      segmentBlocks(plan.blocks, engine.config().segment_size, std::max<uint32_t>(1, kMessagesPerOp / steps));
+  const uint32_t G = seg.per_block;
+  const uint32_t total = steps * G;
+  const uint32_t K = static_cast<uint32_t>(engine.config().scratch_slots);
+
+  std::vector<Window> mine = {plan.work};
+  Region scratch;
+  if (plan.reduce_scatter) {
+    scratch = engine.buffer(kScratchBuffer, K * seg.segment_bytes);
+    mine.push_back(Window{scratch, 0});
+  }
+  std::vector<RemoteWindow> theirs = ctx.handshake(mine);
+  if (theirs.size() != mine.size()) ctx.abort(strcat("rank ", R, " exposed ", theirs.size(), " buffers, expected ", mine.size()));
+  if (total == 0) return;  // empty tensors: the handshake was the whole operation
+  auto* work = static_cast<uint8_t*>(plan.work.region.addr) + plan.work.base;
+  auto* slots = static_cast<uint8_t*>(scratch.addr);
+
+  // Message index k -> (phase, step, segment) and its block on each side.
+  auto isRS = [&](uint32_t k) { return k < rs_steps * G; };
+  auto stepOf = [&](uint32_t k) { return (isRS(k) ? k : k - rs_steps * G) / G; };
+  auto segOf = [&](uint32_t k) { return k % G; };
+  auto sendBlock = [&](uint32_t k) {
+    return mod(r + (isRS(k) ? plan.rs_shift : plan.ag_shift) - static_cast<int>(stepOf(k)), n);
+  };
+  auto recvBlock = [&](uint32_t k) {
+    return mod(r - 1 + (isRS(k) ? plan.rs_shift : plan.ag_shift) - static_cast<int>(stepOf(k)), n);
+  };
+  auto sendSpan = [&](uint32_t k) { return segmentOf(plan.blocks[sendBlock(k)], seg, segOf(k)); };
+  auto recvSpan = [&](uint32_t k) { return segmentOf(plan.blocks[recvBlock(k)], seg, segOf(k)); };
+
+  // Incoming messages: expected up front; early chunks are remembered.
+  std::vector<std::shared_ptr<RecvOp>> recv(total);
+  std::vector<char> processed(total, 0);
+  std::vector<uint32_t> pending;
+  for (uint32_t k = 0; k < total; ++k) {
+    Span span = recvSpan(k);
+    if (span.bytes == 0) {
+      processed[k] = 1;
+      continue;
+    }
+    multipath::ChunkHook hook;
+    if (isRS(k)) {
+      uint8_t* dst = work + span.offset;
+      const uint8_t* src = slots + static_cast<uint64_t>(k % K) * seg.segment_bytes;
+      const bool last = stepOf(k) == rs_steps - 1;
+      const DType dtype = plan.dtype;
+      const ReduceOp op = plan.op;
+      hook = [=](uint64_t off, uint64_t len) {
+        reduceInto(dtype, op, dst + off, src + off, len / dtypeSize(dtype));
+        if (last && op == ReduceOp::kAvg) finishAvg(dtype, dst + off, len / dtypeSize(dtype), n);
+      };
+    }
+    recv[k] = engine.expect(L, ctx.tag(k), span.bytes, std::move(hook));
+    pending.push_back(k);
+  }
+
+  std::vector<std::shared_ptr<SendOp>> sends;
+  std::vector<char> credit(total, 0);  // credit for our RS message k returned by R
+  uint32_t next = 0;
+
+  auto ready = [&](uint32_t k) {
+    uint32_t s = stepOf(k), g = segOf(k);
+    if (isRS(k)) {
+      if (s > 0 && !processed[(s - 1) * G + g]) return false;
+      if (k >= K) {
+        uint32_t j = k - K;  // the message that used this slot before
+        if (sendSpan(j).bytes > 0 && !credit[j]) {
+          if (!engine.takeControl(R, {ControlType::kCredit, ctx.seq(), j}, nullptr)) return false;
+          credit[j] = 1;
+        }
+      }
+      return true;
+    }
+    if (s == 0) return rs_steps == 0 || processed[(rs_steps - 1) * G + g] != 0;
+    return processed[rs_steps * G + (s - 1) * G + g] != 0;
+  };
+
+  auto step = [&]() -> bool {
+    for (size_t i = 0; i < pending.size();) {
+      uint32_t k = pending[i];
+      if (!recv[k]->done()) {
+        ++i;
+        continue;
+      }
+      processed[k] = 1;
+      engine.release(recv[k]);
+      recv[k].reset();
+      if (isRS(k)) {
+        try {
+          engine.sendControl(L, ControlType::kCredit, ctx.seq(), k);
+        } catch (const Error& e) {
+          ctx.abort(e.what());
+        }
+      }
+      pending[i] = pending.back();
+      pending.pop_back();
+    }
+    while (next < total && ready(next)) {
+      Span span = sendSpan(next);
+      if (span.bytes > 0) {
+        const RemoteWindow& dst = isRS(next) ? theirs[1] : theirs[0];
+        uint64_t dst_off = isRS(next) ? static_cast<uint64_t>(next % K) * seg.segment_bytes : dst.base + span.offset;
+        try {
+          sends.push_back(engine.write(R, plan.work.region, plan.work.base + span.offset, dst.region, dst_off,
+                                       span.bytes, ctx.tag(next)));
+        } catch (const Error& e) {
+          ctx.abort(e.what());
+        }
+      }
+      ++next;
+    }
+    bool sent = true;
+    for (const auto& s : sends) {
+      if (s->failed()) ctx.abort(s->error());
+      sent = sent && s->done();
+    }
+    return next == total && pending.empty() && sent;
+  };
+  auto waiting = [&]() {
+    size_t unsent = 0;
+    for (const auto& s : sends) unsent += s->done() ? 0 : 1;
+    return strcat(pending.size(), " of ", total, " messages from rank ", L, ", ", unsent,
+                  " unacknowledged writes to rank ", R, ", ", total - next, " messages not yet posted");
+  };
+  try {
+    ctx.run(step, waiting);
+  } catch (...) {
+    for (auto& op : recv)
+      if (op) engine.release(op);
+    throw;
+  }
+}
+
+}  // namespace
+
+void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
+               ReduceOp op, Deadline deadline) {
+  OpDesc desc;
+  desc.kind = static_cast<uint8_t>(OpKind::kAllreduce);
+  desc.dtype = static_cast<uint8_t>(dtype);
+  desc.reduce_op = static_cast<uint8_t>(op);
+  desc.count = count;
+  OpContext ctx(engine, seq, desc, deadline);
+  if (engine.size() == 1) return;
+  RingPlan plan;
+  plan.work = tensor;
+  plan.blocks = balancedBlocks(count, dtypeSize(dtype), engine.size());
+  plan.dtype = dtype;
+  plan.op = op;
+  plan.reduce_scatter = true;
+  plan.rs_shift = 0;
+  plan.allgather = true;
+  plan.ag_shift = 1;  // RS leaves rank r with block r+1
+  runRing(ctx, plan);
+}
+
+void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, void* output, uint64_t count,
+                   DType dtype, ReduceOp op, Deadline deadline) {
+  OpDesc desc;
+  desc.kind = static_cast<uint8_t>(OpKind::kReduceScatter);
+  desc.dtype = static_cast<uint8_t>(dtype);
+  desc.reduce_op = static_cast<uint8_t>(op);
+  desc.count = count;
+  OpContext ctx(engine, seq, desc, deadline);
+  const int n = engine.size();
+  const uint64_t block = count * dtypeSize(dtype);
+  if (n == 1) {
+    if (block) std::memmove(output, input, block);
+    if (op == ReduceOp::kAvg) finishAvg(dtype, output, count, 1);
+    return;
+  }
+  // Reduce in a working copy so the caller's input stays untouched.
+  Region work = engine.buffer(kWorkBuffer, std::max<uint64_t>(block * n, 1));
+  if (block) std::memcpy(work.addr, input, block * n);
+  RingPlan plan;
+  plan.work = Window{work, 0};
+  plan.blocks = equalBlocks(block, n);
+  plan.dtype = dtype;
+  plan.op = op;
+  plan.reduce_scatter = true;
+  plan.rs_shift = -1;  // RS leaves rank r with block r
+  runRing(ctx, plan);
+  if (block) std::memcpy(output, static_cast<uint8_t*>(work.addr) + block * engine.rank(), block);
+}
+
+void allgather(multipath::Engine& engine, uint64_t seq, const void* input, const Window& output, uint64_t count,
+               DType dtype, Deadline deadline) {
+  OpDesc desc;
+  desc.kind = static_cast<uint8_t>(OpKind::kAllgather);
+  desc.dtype = static_cast<uint8_t>(dtype);
+  desc.count = count;
+  OpContext ctx(engine, seq, desc, deadline);
+  const uint64_t block = count * dtypeSize(dtype);
+  auto* out = static_cast<uint8_t*>(output.region.addr) + output.base;
+  if (block) std::memmove(out + block * engine.rank(), input, block);
+  if (engine.size() == 1) return;
+  RingPlan plan;
+  plan.work = output;
+  plan.blocks = equalBlocks(block, engine.size());
+  plan.dtype = dtype;
+  plan.allgather = true;
+  plan.ag_shift = 0;
+  runRing(ctx, plan);
+}
+
+}  // namespace collectives
+}  // namespace maestro
