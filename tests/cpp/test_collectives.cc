@@ -1,0 +1,179 @@
+// The collectives over the multipath engine, ranks as threads in one process
+// over four real loopback paths (127.0.0.1-4): results against a reference,
+// for sizes that exercise empty blocks, uneven blocks and many segments; a
+// disagreement between ranks ends in an error on every rank, not a hang.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <numeric>
+
+#include "collectives/collectives.h"
+#include "multipath/engine.h"
+#include "test_util.h"
+
+namespace maestro {
+namespace collectives {
+namespace {
+
+using testing::after;
+using testing::errorText;
+using testing::MemoryRendezvous;
+using testing::runRanks;
+
+// Small chunks and segments so that modest tensors span many chunks,
+// segments and scratch-slot reuses.
+std::map<std::string, std::string> smallUnits() {
+  return {{"chunk_size", "4K"}, {"segment_size", "16K"}, {"scratch_slots", "2"}, {"paths", "4"}};
+}
+
+struct World {
+  explicit World(int n, std::map<std::string, std::string> opts = smallUnits()) : engines(n) {
+    auto errors = runRanks(n, [&](int r) {
+      engines[r] = std::make_unique<multipath::Engine>(opts, store, r, n, after(30));
+    });
+    for (auto& e : errors) EXPECT_EQ("", errorText(e));
+  }
+  MemoryRendezvous store;
+  std::vector<std::unique_ptr<multipath::Engine>> engines;
+};
+
+// Empty tensors are not registered: an operation on them only handshakes.
+Window registered(multipath::Engine& e, std::vector<float>& v) {
+  return v.empty() ? Window{} : Window{e.registerMemory(v.data(), v.size() * sizeof(float)), 0};
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllreduceSumMatchesReference) {
+  const int n = GetParam();
+  World w(n);
+  uint64_t seq = 1;
+  for (uint64_t count : {0ull, 1ull, 3ull, 1000ull, 12345ull, 300000ull}) {
+    std::vector<std::vector<float>> data(n, std::vector<float>(count));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<float>((i * 7 + r * 13) % 1000);
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Window win = registered(e, data[r]);
+      allreduce(e, seq, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      if (win.region.valid()) e.deregisterMemory(win.region);
+    });
+    for (auto& err : errors) ASSERT_EQ("", errorText(err)) << count;
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += static_cast<float>((i * 7 + q * 13) % 1000);
+        ASSERT_EQ(want, data[r][i]) << "rank " << r << " element " << i << " of " << count;
+      }
+    ++seq;
+  }
+}
+
+TEST_P(Collectives, AllreduceEveryOpOnInt64) {
+  const int n = GetParam();
+  World w(n);
+  uint64_t seq = 1;
+  const uint64_t count = 5001;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+    std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(count));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<int64_t>((i * 31 + r * 17) % 97) - 40;
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Region reg = e.registerMemory(data[r].data(), count * 8);
+      allreduce(e, seq, Window{reg, 0}, count, DType::kInt64, op, after(60));
+    });
+    for (auto& err : errors) ASSERT_EQ("", errorText(err));
+    for (uint64_t i = 0; i < count; ++i) {
+      int64_t acc = static_cast<int64_t>((i * 31) % 97) - 40;
+      for (int q = 1; q < n; ++q) {
+        int64_t v = static_cast<int64_t>((i * 31 + q * 17) % 97) - 40;
+        if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc += v;
+        if (op == ReduceOp::kMin) acc = std::min(acc, v);
+        if (op == ReduceOp::kMax) acc = std::max(acc, v);
+        if (op == ReduceOp::kProduct) acc *= v;
+      }
+      if (op == ReduceOp::kAvg) acc /= n;
+      for (int r = 0; r < n; ++r) ASSERT_EQ(acc, data[r][i]) << reduceOpName(op) << " rank " << r << " i " << i;
+    }
+    ++seq;
+  }
+}
+
+TEST_P(Collectives, ReduceScatterAllgatherBroadcastBarrier) {
+  const int n = GetParam();
+  World w(n);
+  const uint64_t count = 7777;  // per rank
+  std::vector<std::vector<float>> in(n, std::vector<float>(count * n)), rs(n, std::vector<float>(count)),
+      ag(n, std::vector<float>(count * n)), bc(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r) {
+    for (uint64_t i = 0; i < count * n; ++i) in[r][i] = static_cast<float>((i + 3 * r) % 101);
+    for (uint64_t i = 0; i < count; ++i) bc[r][i] = r == n - 1 ? static_cast<float>(i % 113) : -1.0f;
+  }
+  auto before = in;
+  auto errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    reduceScatter(e, 1, in[r].data(), rs[r].data(), count, DType::kFloat32, ReduceOp::kSum, after(60));
+    Window agw = registered(e, ag[r]);
+    std::vector<float> mine(count, static_cast<float>(r + 1));
+    allgather(e, 2, mine.data(), agw, count, DType::kFloat32, after(60));
+    Window bcw = registered(e, bc[r]);
+    broadcast(e, 3, bcw, count, DType::kFloat32, n - 1, after(60));
+    barrier(e, 4, after(60));
+  });
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  EXPECT_EQ(before, in) << "reduce_scatter must not modify its input";
+  for (int r = 0; r < n; ++r) {
+    for (uint64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += static_cast<float>((r * count + i + 3 * q) % 101);
+      ASSERT_EQ(want, rs[r][i]) << "reduce_scatter rank " << r << " i " << i;
+      ASSERT_EQ(static_cast<float>(i % 113), bc[r][i]) << "broadcast rank " << r;
+    }
+    for (int q = 0; q < n; ++q)
+      for (uint64_t i = 0; i < count; ++i) ASSERT_EQ(static_cast<float>(q + 1), ag[r][q * count + i]);
+  }
+}
+
+// Mismatched sizes: every rank gets an error naming the disagreement, fast.
+TEST_P(Collectives, MismatchedShapesFailOnEveryRank) {
+  const int n = GetParam();
+  World w(n);
+  std::vector<std::vector<float>> data(n, std::vector<float>(1000, 1.0f));
+  auto t0 = Clock::now();
+  auto errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    uint64_t count = r == 1 ? 999 : 1000;
+    Region reg = e.registerMemory(data[r].data(), 4000);
+    allreduce(e, 1, Window{reg, 0}, count, DType::kFloat32, ReduceOp::kSum, after(60));
+  });
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  for (int r = 0; r < n; ++r) {
+    std::string msg = errorText(errors[r]);
+    EXPECT_NE(std::string::npos, msg.find("different tensors")) << "rank " << r << ": " << msg;
+    EXPECT_NE(std::string::npos, msg.find("999")) << msg;
+  }
+}
+
+// A rank that never calls the collective: the others time out with a message
+// that says what they waited for (not a hang).
+TEST(CollectivesTimeout, MissingRankTimesOutWithAClearMessage) {
+  World w(2);
+  std::vector<float> v(100);
+  auto& e = *w.engines[0];
+  Region reg = e.registerMemory(v.data(), 400);
+  try {
+    allreduce(e, 1, Window{reg, 0}, 100, DType::kFloat32, ReduceOp::kSum, after(1));
+    FAIL() << "expected a timeout";
+  } catch (const TimeoutError& err) {
+    EXPECT_NE(std::string::npos, std::string(err.what()).find("rank 1 to start the same collective")) << err.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param); });
+
+}  // namespace
+}  // namespace collectives
+}  // namespace maestro

@@ -1,0 +1,128 @@
+// The receiver's checks, without a socket: header validation and the region
+// table's grant for every way a write from the wire can be wrong.
+#include <gtest/gtest.h>
+
+#include "transport/tcp/frame.h"
+#include "transport/tcp/region_table.h"
+
+namespace maestro {
+namespace transport {
+namespace tcp {
+namespace {
+
+TEST(FrameHeader, WellFormedFramesPass) {
+  EXPECT_EQ("", checkHeader(writeFrame(1, 2, 3, 4, true, 5)));
+  EXPECT_EQ("", checkHeader(writeFrame(1, 2, 3, 0, false, 0)));
+  EXPECT_EQ("", checkHeader(sendFrame(kMaxControlBytes)));
+  EXPECT_EQ("", checkHeader(ackFrame(17)));
+}
+
+TEST(FrameHeader, EveryMalformedFieldIsRejected) {
+  auto bad = [](FrameHeader h) { return !checkHeader(h).empty(); };
+  FrameHeader w = writeFrame(1, 2, 3, 4, true, 5);
+  FrameHeader h = w;
+  h.magic ^= 1;
+  EXPECT_TRUE(bad(h));
+  h = w;
+  h.type = 0;
+  EXPECT_TRUE(bad(h));
+  h.type = 4;
+  EXPECT_TRUE(bad(h));
+  h = w;
+  h.reserved = 2;
+  EXPECT_TRUE(bad(h));
+  h = w;
+  h.flags = 2;
+  EXPECT_TRUE(bad(h));
+  h = w;
+  h.length = kMaxWritePayload + 1;
+  EXPECT_TRUE(bad(h));
+  FrameHeader s = sendFrame(8);
+  for (int f = 0; f < 5; ++f) {
+    h = s;
+    if (f == 0) h.flags = 1;
+    if (f == 1) h.region = 1;
+    if (f == 2) h.imm = 1;
+    if (f == 3) h.key = 1;
+    if (f == 4) h.offset = 1;
+    EXPECT_TRUE(bad(h)) << "SEND field " << f;
+  }
+  h = sendFrame(kMaxControlBytes + 1);
+  EXPECT_TRUE(bad(h));
+  FrameHeader a = ackFrame(1);
+  h = a;
+  h.length = 1;
+  EXPECT_TRUE(bad(h));
+  h = a;
+  h.key = 1;
+  EXPECT_TRUE(bad(h));
+}
+
+class Regions : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    region_ = table_.add(memory_, sizeof memory_);
+    key_ = table_.expose(region_.id);
+  }
+  RegionTable::Verdict grant(uint32_t id, uint64_t key, uint64_t off, uint64_t len, std::string* why = nullptr) {
+    RegionTable::Grant g;
+    std::string w;
+    auto v = table_.grantWrite(id, key, off, len, &g, why ? why : &w);
+    if (v == RegionTable::Verdict::kGranted) EXPECT_EQ(memory_ + off, g.dst());
+    return v;
+  }
+  uint8_t memory_[1000];
+  RegionTable table_;
+  Region region_;
+  uint64_t key_ = 0;
+};
+
+TEST_F(Regions, InBoundsWritesAreGranted) {
+  EXPECT_EQ(RegionTable::Verdict::kGranted, grant(region_.id, key_, 0, 1000));
+  EXPECT_EQ(RegionTable::Verdict::kGranted, grant(region_.id, key_, 999, 1));
+  EXPECT_EQ(RegionTable::Verdict::kGranted, grant(region_.id, key_, 1000, 0));
+}
+
+TEST_F(Regions, OutOfBoundsAndOverflowsAreRejected) {
+  std::string why;
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, 1, 1000, &why));
+  EXPECT_NE(std::string::npos, why.find("overruns"));
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, 1001, 0));
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, ~0ull, 2));
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, 8, ~0ull - 3));
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, 1ull << 63, 1ull << 63));
+}
+
+TEST_F(Regions, UnknownRegionsAndWrongKeysAreRejected) {
+  std::string why;
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id + 1, key_, 0, 1, &why));
+  EXPECT_NE(std::string::npos, why.find("unknown region"));
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_ + 2, 0, 1, &why));
+  EXPECT_NE(std::string::npos, why.find("wrong key"));
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(0, key_, 0, 1));
+}
+
+TEST_F(Regions, ConcealedAndOldKeysAreStale) {
+  table_.conceal(region_.id);
+  EXPECT_EQ(RegionTable::Verdict::kStale, grant(region_.id, key_, 0, 1));
+  uint64_t fresh = table_.expose(region_.id);
+  EXPECT_NE(key_, fresh);
+  EXPECT_EQ(RegionTable::Verdict::kStale, grant(region_.id, key_, 0, 1));
+  EXPECT_EQ(RegionTable::Verdict::kGranted, grant(region_.id, fresh, 0, 1));
+  // Nested exposure keeps the key.
+  EXPECT_EQ(fresh, table_.expose(region_.id));
+  table_.conceal(region_.id);
+  EXPECT_EQ(RegionTable::Verdict::kGranted, grant(region_.id, fresh, 0, 1));
+}
+
+TEST_F(Regions, RemovedRegionsAreUnknownAndIdsAreNotReused) {
+  table_.remove(region_.id);
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, 0, 1));
+  Region again = table_.add(memory_, sizeof memory_);
+  EXPECT_NE(region_.id, again.id);
+}
+
+}  // namespace
+}  // namespace tcp
+}  // namespace transport
+}  // namespace maestro

@@ -1,0 +1,129 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "collectives/reduce.h"
+
+namespace maestro {
+namespace collectives {
+namespace {
+
+TEST(Half, RoundTripsEveryHalfValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    uint16_t v = static_cast<uint16_t>(h);
+    float f = halfToFloat(v);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(halfToFloat(floatToHalf(f))));
+      continue;
+    }
+    ASSERT_EQ(v, floatToHalf(f)) << std::hex << h;
+  }
+}
+
+TEST(Half, RoundsToNearestEven) {
+  EXPECT_EQ(0x3c00, floatToHalf(1.0f));
+  EXPECT_EQ(0x3c00, floatToHalf(1.0f + 1.0f / 4096));       // below half an ulp
+  EXPECT_EQ(0x3c02, floatToHalf(1.0f + 3.0f / 2048));       // tie -> even
+  EXPECT_EQ(0x7c00, floatToHalf(70000.0f));                 // overflow -> inf
+  EXPECT_EQ(0x0001, floatToHalf(5.96046448e-08f));          // smallest subnormal
+  EXPECT_EQ(0x0000, floatToHalf(2.0e-08f));                 // underflow
+}
+
+TEST(BFloat16, RoundTripsAndRounds) {
+  for (uint32_t b = 0; b < 0x10000; b += 7) {
+    float f = bfloat16ToFloat(static_cast<uint16_t>(b));
+    if (!std::isnan(f)) ASSERT_EQ(b, floatToBfloat16(f));
+  }
+  EXPECT_EQ(0x3f80, floatToBfloat16(1.0f));
+  EXPECT_EQ(0x3f80, floatToBfloat16(1.00390625f));  // tie -> even
+  EXPECT_EQ(0x3f82, floatToBfloat16(1.01171875f));  // tie -> even (up)
+}
+
+template <typename T>
+void checkOps(DType dt) {
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int> d(-100, 100);
+  const size_t n = 1000;
+  std::vector<T> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<T>(d(rng));
+    b[i] = static_cast<T>(d(rng));
+  }
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kAvg}) {
+    std::vector<T> x = a;
+    reduceInto(dt, op, x.data(), b.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      T want;
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg: want = static_cast<T>(a[i] + b[i]); break;
+        case ReduceOp::kMin: want = std::min(a[i], b[i]); break;
+        case ReduceOp::kMax: want = std::max(a[i], b[i]); break;
+        case ReduceOp::kProduct: want = static_cast<T>(a[i] * b[i]); break;
+      }
+      ASSERT_EQ(want, x[i]) << dtypeName(dt) << " " << reduceOpName(op) << " at " << i;
+    }
+  }
+}
+
+TEST(Reduce, EveryOpOnEveryPlainDtype) {
+  checkOps<float>(DType::kFloat32);
+  checkOps<double>(DType::kFloat64);
+  checkOps<int8_t>(DType::kInt8);
+  checkOps<int16_t>(DType::kInt16);
+  checkOps<int32_t>(DType::kInt32);
+  checkOps<int64_t>(DType::kInt64);
+  checkOps<uint8_t>(DType::kUInt8);
+}
+
+TEST(Reduce, IntegersWrapLikeTorch) {
+  int8_t a[2] = {127, -128}, b[2] = {1, -1};
+  reduceInto(DType::kInt8, ReduceOp::kSum, a, b, 2);
+  EXPECT_EQ(-128, a[0]);
+  EXPECT_EQ(127, a[1]);
+  int64_t c[1] = {std::numeric_limits<int64_t>::max()}, e[1] = {2};
+  reduceInto(DType::kInt64, ReduceOp::kProduct, c, e, 1);
+  EXPECT_EQ(-2, c[0]);
+  uint8_t u[1] = {200}, v[1] = {100};
+  reduceInto(DType::kUInt8, ReduceOp::kSum, u, v, 1);
+  EXPECT_EQ(44, u[0]);
+  int16_t s[1] = {300}, t[1] = {300};
+  reduceInto(DType::kInt16, ReduceOp::kProduct, s, t, 1);
+  EXPECT_EQ(static_cast<int16_t>(90000 & 0xffff), s[0]);
+}
+
+TEST(Reduce, HalfPrecisionSumsInFloat) {
+  uint16_t a[3] = {floatToHalf(1.5f), floatToHalf(-2.0f), floatToHalf(1000.0f)};
+  uint16_t b[3] = {floatToHalf(2.25f), floatToHalf(0.5f), floatToHalf(24.0f)};
+  reduceInto(DType::kFloat16, ReduceOp::kSum, a, b, 3);
+  EXPECT_EQ(3.75f, halfToFloat(a[0]));
+  EXPECT_EQ(-1.5f, halfToFloat(a[1]));
+  EXPECT_EQ(1024.0f, halfToFloat(a[2]));
+  uint16_t c[1] = {floatToBfloat16(3.0f)}, d[1] = {floatToBfloat16(5.0f)};
+  reduceInto(DType::kBFloat16, ReduceOp::kMax, c, d, 1);
+  EXPECT_EQ(5.0f, bfloat16ToFloat(c[0]));
+}
+
+TEST(Reduce, MinMaxPropagateNaN) {
+  float a[2] = {NAN, 1.0f}, b[2] = {1.0f, NAN};
+  reduceInto(DType::kFloat32, ReduceOp::kMax, a, b, 2);
+  EXPECT_TRUE(std::isnan(a[0]) && std::isnan(a[1]));
+}
+
+TEST(Reduce, AvgTruncatesIntegersAndDividesFloats) {
+  int32_t i[3] = {7, -7, 8};
+  finishAvg(DType::kInt32, i, 3, 2);
+  EXPECT_EQ(3, i[0]);
+  EXPECT_EQ(-3, i[1]);
+  EXPECT_EQ(4, i[2]);
+  float f[1] = {7};
+  finishAvg(DType::kFloat32, f, 1, 2);
+  EXPECT_EQ(3.5f, f[0]);
+}
+
+}  // namespace
+}  // namespace collectives
+}  // namespace maestro

@@ -1,0 +1,177 @@
+// The TCP transport: the shared transport contract over four loopback
+// paths, plus what only TCP has: the hello handshake, and frames crafted by
+// hand on a raw socket that must be rejected without a byte landing.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/net.h"
+#include "transport/tcp/frame.h"
+#include "transport_contract.h"
+
+namespace maestro {
+namespace testing {
+
+INSTANTIATE_TEST_SUITE_P(Tcp, TransportContract,
+                         ::testing::Values(ContractParam{"tcp", {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"}}),
+                         contractName);
+
+namespace {
+
+using transport::tcp::FrameHeader;
+using transport::tcp::HelloReply;
+using transport::tcp::HelloWire;
+
+// A TcpTransport playing rank 1 of 2, and a raw socket playing rank 0.
+class RawPeer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    transport::TransportOptions o;
+    o.rank = 1;
+    o.world_size = 2;
+    for (size_t i = 0; i < o.secret.size(); ++i) o.secret[i] = static_cast<uint8_t>(i + 3);
+    secret_ = o.secret;
+    o.sink = &sink_;
+    t_ = transport::makeTransport("tcp", o);
+    endpoint_ = t_->listen("127.0.0.1");
+    memory_.assign(4096 + 2 * kGuard, 0x5C);
+    region_ = t_->registerMemory(memory_.data() + kGuard, 4096);
+    key_ = t_->expose(region_);
+  }
+  void TearDown() override {
+    if (fd_ >= 0) ::close(fd_);
+    t_->conceal(region_);
+    t_->shutdown();
+  }
+  // Connect and present a hello; returns the reply status.
+  uint32_t hello(int rank, int path, bool good_secret = true) {
+    fd_ = net::connectFrom("127.0.0.1", net::parseEndpoint(endpoint_), after(10));
+    HelloWire h;
+    for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = good_secret ? secret_[i] : 0;
+    h.rank = rank;
+    h.path = path;
+    net::writeFull(fd_, &h, sizeof h);
+    HelloReply r;
+    EXPECT_TRUE(net::readFull(fd_, &r, sizeof r));
+    return r.status;
+  }
+  void sendFrame(const FrameHeader& h, size_t payload) {
+    net::writeFull(fd_, &h, sizeof h);
+    std::vector<uint8_t> bytes(payload, 0xA1);
+    try {
+      if (payload) net::writeFull(fd_, bytes.data(), bytes.size());
+    } catch (const Error&) {
+      // The receiver may close before reading the payload.
+    }
+  }
+  void expectUntouched() {
+    for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
+  }
+  std::string waitError() {
+    EXPECT_TRUE(sink_.waitFor([&] { return !sink_.errors.empty(); }, 10));
+    std::lock_guard<std::mutex> lock(sink_.mu);
+    return sink_.errors.empty() ? "" : sink_.errors[0];
+  }
+
+  static constexpr size_t kGuard = 256;
+  RecordingSink sink_;
+  std::unique_ptr<transport::Transport> t_;
+  std::array<uint8_t, transport::Hello::kSecretBytes> secret_{};
+  std::string endpoint_;
+  std::vector<uint8_t> memory_;
+  Region region_;
+  uint64_t key_ = 0;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+TEST_F(RawPeer, HelloWithWrongSecretIsRefused) {
+  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadSecret), hello(0, 0, false));
+}
+
+TEST_F(RawPeer, HelloFromOutOfRangeRankIsRefused) {
+  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadRank), hello(5, 0));
+  ::close(fd_);
+  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadRank), hello(1, 0));  // itself
+}
+
+TEST_F(RawPeer, DuplicatePathIsRefused) {
+  ASSERT_EQ(0u, hello(0, 0));
+  int first = fd_;
+  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kDuplicate), hello(0, 0));
+  ::close(first);
+}
+
+TEST_F(RawPeer, GoodWriteLands) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 100, 50, true, 9), 50);
+  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  for (size_t i = 0; i < memory_.size(); ++i)
+    ASSERT_EQ((i >= kGuard + 100 && i < kGuard + 150) ? 0xA1 : 0x5C, memory_[i]) << i;
+  // ...and is acknowledged with an ACK frame counting it.
+  FrameHeader ack;
+  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
+  EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
+  EXPECT_EQ(1u, ack.offset);
+}
+
+struct BadFrame {
+  const char* name;
+  std::function<FrameHeader(uint32_t region, uint64_t key)> make;
+  size_t payload;
+  const char* expect;  // part of the path error
+};
+
+class RawPeerBadFrame : public RawPeer, public ::testing::WithParamInterface<BadFrame> {};
+
+TEST_P(RawPeerBadFrame, IsRejectedAndNothingIsWritten) {
+  ASSERT_EQ(0u, hello(0, 0));
+  const BadFrame& bad = GetParam();
+  sendFrame(bad.make(region_.id, key_), bad.payload);
+  std::string error = waitError();
+  EXPECT_NE(std::string::npos, error.find(bad.expect)) << error;
+  expectUntouched();
+  EXPECT_TRUE(sink_.arrivals.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Malformed, RawPeerBadFrame,
+    ::testing::Values(
+        BadFrame{"BadMagic", [](uint32_t r, uint64_t k) { auto h = transport::tcp::writeFrame(r, k, 0, 16, true, 0); h.magic = 0x12345678; return h; }, 16, "bad frame magic"},
+        BadFrame{"UnknownType", [](uint32_t r, uint64_t k) { auto h = transport::tcp::writeFrame(r, k, 0, 16, true, 0); h.type = 99; return h; }, 16, "unknown frame type"},
+        BadFrame{"ReservedBits", [](uint32_t r, uint64_t k) { auto h = transport::tcp::writeFrame(r, k, 0, 16, true, 0); h.reserved = 1; return h; }, 16, "reserved"},
+        BadFrame{"UnknownFlags", [](uint32_t r, uint64_t k) { auto h = transport::tcp::writeFrame(r, k, 0, 16, true, 0); h.flags = 0x80; return h; }, 16, "flags"},
+        BadFrame{"UnknownRegion", [](uint32_t r, uint64_t k) { return transport::tcp::writeFrame(r + 100, k, 0, 16, true, 0); }, 16, "unknown region"},
+        BadFrame{"WrongKey", [](uint32_t r, uint64_t k) { return transport::tcp::writeFrame(r, k ^ 1, 0, 16, true, 0); }, 16, "wrong key"},
+        BadFrame{"PastTheEnd", [](uint32_t r, uint64_t k) { return transport::tcp::writeFrame(r, k, 4090, 16, true, 0); }, 16, "overruns"},
+        BadFrame{"LongerThanRegion", [](uint32_t r, uint64_t k) { return transport::tcp::writeFrame(r, k, 0, 4097, true, 0); }, 4097, "overruns"},
+        BadFrame{"OffsetOverflow", [](uint32_t r, uint64_t k) { return transport::tcp::writeFrame(r, k, ~0ull - 7, 16, true, 0); }, 16, "overruns"},
+        BadFrame{"OffsetPlusLengthWraps", [](uint32_t r, uint64_t k) { return transport::tcp::writeFrame(r, k, 1ull << 63, 1ull << 63, true, 0); }, 0, "exceeds"},
+        BadFrame{"HugeLength", [](uint32_t r, uint64_t k) { return transport::tcp::writeFrame(r, k, 0, 1ull << 40, true, 0); }, 0, "exceeds"},
+        BadFrame{"HugeControl", [](uint32_t, uint64_t) { return transport::tcp::sendFrame(1 << 20); }, 0, "control limit"},
+        BadFrame{"ControlWithWriteFields", [](uint32_t r, uint64_t) { auto h = transport::tcp::sendFrame(4); h.region = r; return h; }, 4, "SEND frame"},
+        BadFrame{"AckWithPayload", [](uint32_t, uint64_t) { auto h = transport::tcp::ackFrame(0); h.length = 8; return h; }, 8, "ACK frame"},
+        BadFrame{"AckForUnsentWrites", [](uint32_t, uint64_t) { return transport::tcp::ackFrame(3); }, 0, "acknowledged 3 writes"}),
+    [](const ::testing::TestParamInfo<BadFrame>& i) { return std::string(i.param.name); });
+
+// A write into a region that is registered but not exposed to any operation
+// is dropped (drained, never written), and one presenting a key of an earlier
+// exposure -- a late duplicate after a failover -- likewise.
+TEST_F(RawPeer, StaleWritesAreDrainedNotWritten) {
+  ASSERT_EQ(0u, hello(0, 0));
+  uint64_t old_key = key_;
+  t_->conceal(region_);
+  sendFrame(transport::tcp::writeFrame(region_.id, old_key, 0, 64, true, 1), 64);  // concealed region
+  key_ = t_->expose(region_);
+  ASSERT_NE(old_key, key_) << "each exposure draws a fresh key";
+  sendFrame(transport::tcp::writeFrame(region_.id, old_key, 0, 64, true, 2), 64);  // key of the last exposure
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 8, true, 3), 8);       // a good one after them
+  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  EXPECT_EQ(3u, sink_.arrivals[0].first);
+  for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(i >= kGuard && i < kGuard + 8 ? 0xA1 : 0x5C, memory_[i]) << i;
+  EXPECT_TRUE(sink_.errors.empty());
+}
+
+}  // namespace testing
+}  // namespace maestro

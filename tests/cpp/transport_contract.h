@@ -1,0 +1,208 @@
+// The transport contract, as tests every transport must pass (tcp here,
+// verbs inside the Soft-RoCE VM): instantiate TransportContract with a
+// ContractParam naming the transport and the vNIC addresses to use.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "multipath/decomposer.h"
+#include "recording_sink.h"
+#include "test_util.h"
+#include "transport/factory.h"
+
+namespace maestro {
+namespace testing {
+
+struct ContractParam {
+  std::string kind;                 // "tcp" | "verbs"
+  std::vector<std::string> vnics;   // local addresses; path i uses vnics[i]
+};
+
+inline std::string contractName(const ::testing::TestParamInfo<ContractParam>& info) { return info.param.kind; }
+
+// Two transports (ranks 0 and 1) in one process, `paths` paths between them,
+// path i from rank 0's vnics[i] to rank 1's vnics[i].
+class TransportContract : public ::testing::TestWithParam<ContractParam> {
+ protected:
+  void SetUp() override {
+    const auto& p = GetParam();
+    paths_ = static_cast<int>(p.vnics.size());
+    for (int r = 0; r < 2; ++r) {
+      transport::TransportOptions o;
+      o.rank = r;
+      o.world_size = 2;
+      for (size_t i = 0; i < o.secret.size(); ++i) o.secret[i] = static_cast<uint8_t>(i * 7 + 1);
+      o.sink = &sinks_[r];
+      o.max_inflight_per_path = 8;
+      secret_ = o.secret;
+      t_[r] = transport::makeTransport(p.kind, o);
+    }
+    std::vector<std::string> endpoints;
+    for (const auto& a : p.vnics) endpoints.push_back(t_[1]->listen(a));
+    transport::Hello hello;
+    std::memcpy(hello.secret, secret_.data(), secret_.size());
+    hello.rank = 0;
+    for (int i = 0; i < paths_; ++i) {
+      transport::PathSpec spec{1, i, p.vnics[i], endpoints[i]};
+      hello.path = i;
+      t_[0]->connect(spec, hello, after(30));
+    }
+    t_[1]->awaitAccepted(paths_, after(30));
+  }
+  void TearDown() override {
+    for (auto& t : t_)
+      if (t) t->shutdown();
+  }
+
+  std::unique_ptr<transport::Transport> t_[2];
+  RecordingSink sinks_[2];
+  std::array<uint8_t, transport::Hello::kSecretBytes> secret_{};
+  int paths_ = 0;
+};
+
+// A multi-MB message cut into 50 KB chunks, round robin over every path,
+// lands byte for byte; every immediate arrives exactly once; every write
+// completes on the sender.
+TEST_P(TransportContract, ChunkedWriteAcrossAllPaths) {
+  const size_t bytes = 8 << 20, chunk = 50 * 1024;
+  std::vector<uint8_t> src(bytes), dst(bytes + 128, 0xEE);
+  for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 13));
+  Region local = t_[0]->registerMemory(src.data(), src.size());
+  Region remote = t_[1]->registerMemory(dst.data() + 64, bytes);  // guard bytes on both sides
+  uint64_t key = t_[1]->expose(remote);
+  RemoteRegion rr = toRemote(remote);
+  rr.key = key;
+  auto chunks = multipath::decompose(bytes, chunk);
+  for (const auto& c : chunks) {
+    transport::WriteRequest w;
+    w.local = local;
+    w.src = src.data() + c.offset;
+    w.length = c.length;
+    w.remote = rr;
+    w.remote_offset = c.offset;
+    w.with_imm = true;
+    w.imm = multipath::encodeImm(5, c.index);
+    w.wr_id = 1000 + c.index;
+    t_[0]->postWrite(1, static_cast<int>(c.index % paths_), w);
+  }
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == chunks.size(); }));
+  ASSERT_TRUE(sinks_[1].waitFor([&] { return sinks_[1].arrivals.size() == chunks.size(); }));
+  EXPECT_EQ(0, std::memcmp(src.data(), dst.data() + 64, bytes));
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(0xEE, dst[i]);
+    EXPECT_EQ(0xEE, dst[64 + bytes + i]);
+  }
+  std::set<uint32_t> seen;
+  for (auto& a : sinks_[1].arrivals) {
+    EXPECT_EQ(5u, multipath::immTag(a.first));
+    EXPECT_EQ(chunks[multipath::immChunk(a.first)].length, a.second);
+    EXPECT_TRUE(seen.insert(a.first).second) << "immediate delivered twice";
+  }
+  EXPECT_EQ(chunks.size(), seen.size());
+  EXPECT_EQ(static_cast<size_t>(paths_), sinks_[1].arrival_paths.size());
+  std::vector<uint64_t> ids = sinks_[0].completed;
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(1000 + i, ids[i]);
+  EXPECT_TRUE(sinks_[0].errors.empty() && sinks_[1].errors.empty());
+  t_[1]->conceal(remote);
+}
+
+// The same registration serves many writes (registration is the expensive
+// step on RDMA: paper §5.1).
+TEST_P(TransportContract, RegistrationReusedAcrossIterations) {
+  std::vector<uint32_t> src(64 * 1024), dst(64 * 1024);
+  Region local = t_[0]->registerMemory(src.data(), src.size() * 4);
+  Region remote = t_[1]->registerMemory(dst.data(), dst.size() * 4);
+  for (int it = 0; it < 5; ++it) {
+    std::iota(src.begin(), src.end(), static_cast<uint32_t>(it * 1000));
+    uint64_t key = t_[1]->expose(remote);
+    RemoteRegion rr = toRemote(remote);
+    rr.key = key;
+    size_t before = sinks_[0].completed.size();
+    for (int p = 0; p < paths_; ++p) {
+      size_t part = src.size() * 4 / paths_;
+      transport::WriteRequest w{local, reinterpret_cast<uint8_t*>(src.data()) + p * part, part, rr, p * part,
+                                true, static_cast<uint32_t>(it), static_cast<uint64_t>(p)};
+      t_[0]->postWrite(1, p, w);
+    }
+    ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == before + paths_; }));
+    EXPECT_EQ(src, dst) << "iteration " << it;
+    t_[1]->conceal(remote);
+  }
+}
+
+TEST_P(TransportContract, ControlMessagesOnEveryPath) {
+  for (int p = 0; p < paths_; ++p) {
+    std::string m = "hello on path " + std::to_string(p);
+    t_[0]->postSend(1, p, m.data(), m.size());
+    t_[1]->postSend(0, p, m.data(), m.size());
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(sinks_[r].waitFor([&] { return sinks_[r].messages.size() == static_cast<size_t>(paths_); }));
+    std::set<std::string> got(sinks_[r].messages.begin(), sinks_[r].messages.end());
+    for (int p = 0; p < paths_; ++p) EXPECT_TRUE(got.count("hello on path " + std::to_string(p)));
+  }
+}
+
+// A write with a wrong key ends in a path error with a clear message on the
+// receiver, ok=false completions on the sender, and no byte written.
+TEST_P(TransportContract, WrongKeyFailsThePathNotTheProcess) {
+  std::vector<uint8_t> src(4096, 0xAB), dst(4096, 0);
+  Region local = t_[0]->registerMemory(src.data(), src.size());
+  Region remote = t_[1]->registerMemory(dst.data(), dst.size());
+  t_[1]->expose(remote);
+  RemoteRegion rr = toRemote(remote);
+  rr.key ^= 0x5a5a5a5a;  // wrong key
+  transport::WriteRequest w{local, src.data(), src.size(), rr, 0, true, 7, 42};
+  t_[0]->postWrite(1, 0, w);
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return !sinks_[0].flushed.empty() || !sinks_[0].errors.empty(); }));
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return !sinks_[0].flushed.empty(); }));
+  EXPECT_EQ(42u, sinks_[0].flushed[0]);
+  EXPECT_TRUE(sinks_[0].completed.empty());
+  EXPECT_TRUE(sinks_[1].arrivals.empty());
+  for (uint8_t b : dst) ASSERT_EQ(0, b);
+  // Later writes on the dead path are flushed too, never lost silently.
+  w.remote = toRemote(remote);
+  w.wr_id = 43;
+  t_[0]->postWrite(1, 0, w);
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].flushed.size() == 2; }));
+  EXPECT_EQ(43u, sinks_[0].flushed[1]);
+  t_[1]->conceal(remote);
+}
+
+// closePath() raises one path error and flushes what was outstanding; the
+// other paths keep working.
+TEST_P(TransportContract, ClosePathFlushesAndOthersSurvive) {
+  if (paths_ < 2) GTEST_SKIP() << "needs two paths";
+  std::vector<uint8_t> src(1 << 20, 1), dst(1 << 20, 0);
+  Region local = t_[0]->registerMemory(src.data(), src.size());
+  Region remote = t_[1]->registerMemory(dst.data(), dst.size());
+  RemoteRegion rr = toRemote(remote);
+  rr.key = t_[1]->expose(remote);
+  t_[0]->closePath(1, 0, "test closes path 0");
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].errors.size() == 1; }));
+  EXPECT_NE(std::string::npos, sinks_[0].errors[0].find("test closes path 0"));
+  transport::WriteRequest w{local, src.data(), src.size(), rr, 0, true, 1, 7};
+  t_[0]->postWrite(1, 0, w);
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].flushed.size() == 1; }));
+  w.wr_id = 8;
+  t_[0]->postWrite(1, 1, w);
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == 1; }));
+  EXPECT_EQ(8u, sinks_[0].completed[0]);
+  EXPECT_EQ(src, dst);
+  t_[1]->conceal(remote);
+}
+
+}  // namespace testing
+}  // namespace maestro
