@@ -177,6 +177,7 @@ bool readFull(int fd, void* buf, size_t length) {
       fail("connection closed in the middle of a message (", got, " of ", length, " bytes)");
     }
     if (errno == EINTR) continue;
+    if (errno == ECONNRESET) fail("connection reset by the peer");
     fail("recv: ", errnoText(errno));
   }
   return true;

@@ -102,12 +102,17 @@ Engine::~Engine() {
   monitor_cv_.notify_all();
   if (monitor_.joinable()) monitor_.join();
   if (logLevel() >= LogLevel::kInfo && mesh_.transport) MAESTRO_INFO("path statistics at shutdown:\n", pathTable());
-  // Say goodbye so the peers' paths closing next is not mistaken for a crash.
+  // Say goodbye on every path (each is ordered, so the goodbye arrives before
+  // that path's close) so the peers do not mistake it for a crash.
+  ControlHeader bye{};
+  bye.type = static_cast<uint8_t>(ControlType::kBye);
   for (int peer = 0; peer < size_ && mesh_.transport; ++peer) {
     if (peer == rank_) continue;
-    try {
-      sendControl(peer, ControlType::kBye, 0, 0);
-    } catch (const Error&) {
+    for (int path = 0; path < mesh_.paths; ++path) {
+      try {
+        mesh_.transport->postSend(peer, path, &bye, sizeof bye);
+      } catch (const Error&) {
+      }
     }
   }
   if (mesh_.transport) mesh_.transport->shutdown();  // no completion arrives after this
@@ -574,9 +579,15 @@ void Engine::onPathError(int peer, int path, const std::string& what) {
       markUnreachable(p, strcat("rank ", peer, " has shut down its process group (destroy_process_group)"));
     } else if (!any_up) {
       std::string errors;
-      for (size_t i = 0; i < p.paths.size(); ++i)
+      bool all_closed = true;
+      for (size_t i = 0; i < p.paths.size(); ++i) {
         errors += strcat("\n  path ", i, " (", p.paths[i].description, "): ", p.paths[i].last_error);
-      markUnreachable(p, strcat("all ", p.paths.size(), " paths to rank ", peer, " are down:", errors));
+        all_closed = all_closed && p.paths[i].last_error.find("by the peer") != std::string::npos;
+      }
+      markUnreachable(p, strcat("all ", p.paths.size(), " paths to rank ", peer, " are down",
+                                all_closed ? strcat(": rank ", peer, " closed them (did the process exit or crash?)")
+                                           : std::string(),
+                                errors));
     } else {
       for (ChunkDesc* c : orphans) enqueue(p, c);
       for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));

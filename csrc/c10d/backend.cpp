@@ -1,0 +1,433 @@
+#include "c10d/backend.hpp"
+
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdlib>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace maestro {
+namespace c10d_glue {
+namespace {
+
+using collectives::DType;
+using collectives::ReduceOp;
+
+// The rendezvous through the c10d store (already prefixed per group).
+class StoreRendezvous : public Rendezvous {
+ public:
+  explicit StoreRendezvous(c10::intrusive_ptr<::c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key, Deadline deadline) override {
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) fail("timed out waiting for '", key, "' in the store (did every rank start?)");
+      try {
+        store_->wait({key}, std::min(left, std::chrono::milliseconds(5000)));
+        auto v = store_->get(key);
+        return std::string(v.begin(), v.end());
+      } catch (const c10::DistStoreError&) {
+        // The store's own timeout slice passed; loop to our deadline.
+      }
+    }
+  }
+  bool tryGet(const std::string& key, std::string* value) override {
+    if (!store_->check({key})) return false;
+    auto v = store_->get(key);
+    value->assign(v.begin(), v.end());
+    return true;
+  }
+
+ private:
+  c10::intrusive_ptr<::c10d::Store> store_;
+};
+
+Deadline deadlineAfter(std::chrono::milliseconds timeout) {
+  auto now = Clock::now();
+  // A huge timeout (timedelta.max) must not overflow the clock.
+  if (timeout > std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return now + timeout;
+}
+
+std::string supportedDtypes() {
+  return "float32, float64, float16, bfloat16, int8, int16, int32, int64, uint8, bool";
+}
+
+DType toDType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kChar: return DType::kInt8;
+    case at::kShort: return DType::kInt16;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    case at::kByte: return DType::kUInt8;
+    case at::kBool: return DType::kBool;
+    default: fail("dtype ", c10::toString(t), " is not supported by maestro (supported: ", supportedDtypes(), ")");
+  }
+}
+
+ReduceOp toReduceOp(const ::c10d::ReduceOp& op, at::ScalarType dtype) {
+  switch (op.op_) {
+    case ::c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case ::c10d::ReduceOp::AVG:
+      MAESTRO_CHECK(dtype != at::kBool, "ReduceOp.AVG is not defined for bool tensors");
+      return ReduceOp::kAvg;
+    case ::c10d::ReduceOp::PRODUCT: return ReduceOp::kProduct;
+    case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    default: fail("reduce op ", static_cast<int>(op.op_), " is not supported by maestro (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+  }
+}
+
+// Checks shared by every collective's inputs and outputs.
+void checkTensor(const at::Tensor& t, const char* what) {
+  MAESTRO_CHECK(t.defined(), what, " is undefined");
+  if (t.device().is_cuda())
+    fail(what, " is a CUDA tensor; maestro supports CPU tensors only for now. Use "
+               "init_process_group(backend=\"cpu:maestro,cuda:nccl\") to route CUDA tensors to NCCL");
+  MAESTRO_CHECK(t.device().is_cpu(), what, " is on device ", t.device().str(), "; maestro supports CPU tensors only");
+  MAESTRO_CHECK(t.layout() == at::kStrided, what, " is ", c10::str(t.layout()),
+                "; maestro supports dense (strided) tensors only");
+  toDType(t.scalar_type());
+}
+
+void checkOne(const std::vector<at::Tensor>& tensors, const char* name) {
+  MAESTRO_CHECK(tensors.size() == 1, name, " takes exactly one tensor per process (got ", tensors.size(), ")");
+  checkTensor(tensors[0], "the tensor");
+}
+
+void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  MAESTRO_CHECK(a.scalar_type() == b.scalar_type(), what, " has dtype ", c10::toString(b.scalar_type()),
+                " but the input has ", c10::toString(a.scalar_type()));
+}
+
+}  // namespace
+
+ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                                         std::chrono::milliseconds timeout,
+                                         const std::map<std::string, std::string>& options)
+    : Backend(rank, size), timeout_(timeout) {
+  StoreRendezvous rendezvous(store);
+  const char* master = std::getenv("MASTER_ADDR");
+  engine_ = std::make_unique<multipath::Engine>(options, rendezvous, rank, size, deadlineAfter(timeout),
+                                                master ? master : "");
+  cache_ = std::make_unique<multipath::RegistrationCache>(&engine_->transport(), engine_->config().reg_cache_size);
+  worker_ = std::thread([this] { workerLoop(); });
+}
+
+ProcessGroupMaestro::~ProcessGroupMaestro() { stopWorker(true); }
+
+void ProcessGroupMaestro::shutdown() { stopWorker(true); }
+
+void ProcessGroupMaestro::abort() { stopWorker(false); }
+
+void ProcessGroupMaestro::stopWorker(bool drain) {
+  std::deque<Pending> dropped;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!worker_.joinable()) return;
+    if (!drain) dropped.swap(queue_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  auto error = std::make_exception_ptr(Error("maestro: the process group was aborted before this operation ran"));
+  for (auto& p : dropped) p.work->complete(error);
+  worker_.join();
+  cache_.reset();
+  engine_.reset();
+}
+
+std::map<std::string, double> ProcessGroupMaestro::cacheStats() const {
+  return {{"entries", static_cast<double>(cache_->size())},
+          {"hits", static_cast<double>(cache_->hits())},
+          {"misses", static_cast<double>(cache_->misses())},
+          {"evictions", static_cast<double>(cache_->evictions())}};
+}
+
+// ---------------------------------------------------------------- plumbing
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::enqueue(::c10d::OpType type, const char* name,
+                                                              std::vector<at::Tensor> outputs,
+                                                              std::vector<at::Tensor> inputs, Job job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MAESTRO_CHECK(!stopping_, "maestro ", name, ": the process group was shut down");
+  if (broken_) fail("maestro ", name, ": this process group is unusable after an earlier failure (", broken_what_,
+                    "); create a new process group");
+  uint64_t seq = ++seq_;
+  auto work = c10::make_intrusive<MaestroWork>(getRank(), type, seq, name, std::move(outputs), std::move(inputs));
+  queue_.push_back(Pending{seq, work, std::move(job)});
+  cv_.notify_all();
+  return work;
+}
+
+void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
+  std::string msg;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t seq = ++seq_;  // the operation the peers are about to run
+    msg = strcat("maestro ", name, " #", seq, " rejected on rank ", getRank(), ": ", why);
+    if (!broken_) {
+      broken_ = std::make_exception_ptr(Error(msg));
+      broken_what_ = msg;
+    }
+    engine_->broadcastAbort(seq, msg);
+  }
+  throw Error(msg);
+}
+
+void ProcessGroupMaestro::workerLoop() {
+  setLogRank(getRank());
+  for (;;) {
+    Pending p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      p = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error = broken_;
+    }
+    if (error) {
+      error = std::make_exception_ptr(Error(strcat("maestro: this process group is unusable after an earlier failure (",
+                                                   broken_what_, "); create a new process group")));
+    } else {
+      try {
+        p.job(p.seq, deadlineAfter(timeout_.load()));
+      } catch (const std::exception& e) {
+        error = std::current_exception();
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!broken_) {
+          broken_ = error;
+          broken_what_ = e.what();
+        }
+      }
+    }
+    p.work->complete(error);
+  }
+}
+
+ProcessGroupMaestro::Pinned::Pinned(ProcessGroupMaestro* pg, const at::Tensor& t) : pg_(pg), tensor_(t) {
+  window = pg_->window(t);
+}
+
+ProcessGroupMaestro::Pinned::~Pinned() { pg_->release(tensor_); }
+
+collectives::Window ProcessGroupMaestro::window(const at::Tensor& t) {
+  const c10::Storage& storage = t.storage();
+  void* base = storage.mutable_data();
+  size_t nbytes = storage.nbytes();
+  if (nbytes == 0 || base == nullptr) return collectives::Window{};
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak(storage.getWeakStorageImpl());
+  Region r = cache_->acquire(storage.unsafeGetStorageImpl(), base, nbytes, [weak] { return !weak.expired(); });
+  uint64_t offset = static_cast<uint64_t>(static_cast<const uint8_t*>(t.data_ptr()) - static_cast<const uint8_t*>(base));
+  return collectives::Window{r, offset};
+}
+
+void ProcessGroupMaestro::release(const at::Tensor& t) {
+  if (t.storage().nbytes() > 0) cache_->unpin(t.storage().unsafeGetStorageImpl());
+}
+
+// ---------------------------------------------------------------- collectives
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::Tensor>& tensors,
+                                                                const ::c10d::AllreduceOptions& opts) {
+  ReduceOp op;
+  try {
+    checkOne(tensors, "allreduce");
+    op = toReduceOp(opts.reduceOp, tensors[0].scalar_type());
+  } catch (const Error& e) {
+    reject("allreduce", e.what());
+  }
+  at::Tensor tensor = tensors[0];
+  return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", {tensor}, {tensor},
+                 [this, tensor, op](uint64_t seq, Deadline deadline) {
+                   at::Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
+                   Pinned pin(this, work);
+                   collectives::allreduce(*engine_, seq, pin.window, work.numel(), toDType(work.scalar_type()), op, deadline);
+                   if (!work.is_same(tensor)) tensor.copy_(work);
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  ReduceOp op;
+  try {
+    MAESTRO_CHECK(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
+    for (const auto& t : tensors) {
+      checkTensor(t, "a tensor");
+      checkSameKind(tensors[0], t, "a tensor");
+    }
+    op = toReduceOp(opts.reduceOp, tensors[0].scalar_type());
+  } catch (const Error& e) {
+    reject("allreduce_coalesced", e.what());
+  }
+  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "maestro:all_reduce_coalesced", tensors, tensors,
+                 [this, tensors, op](uint64_t seq, Deadline deadline) {
+                   std::vector<at::Tensor> flat;
+                   for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+                   at::Tensor packed = at::cat(flat);
+                   Pinned pin(this, packed);
+                   collectives::allreduce(*engine_, seq, pin.window, packed.numel(), toDType(packed.scalar_type()), op,
+                   deadline);
+                   int64_t at = 0;
+                   for (const auto& t : tensors) {
+                     t.copy_(packed.narrow(0, at, t.numel()).view(t.sizes()));
+                     at += t.numel();
+                   }
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::Tensor>& tensors,
+                                                                const ::c10d::BroadcastOptions& opts) {
+  try {
+    checkOne(tensors, "broadcast");
+    MAESTRO_CHECK(opts.rootTensor == 0, "broadcast: rootTensor must be 0 (one tensor per process)");
+    MAESTRO_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "broadcast: root rank ", opts.rootRank,
+                  " is not a rank of this group of ", getSize());
+  } catch (const Error& e) {
+    reject("broadcast", e.what());
+  }
+  at::Tensor tensor = tensors[0];
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(::c10d::OpType::BROADCAST, "maestro:broadcast", {tensor}, {tensor},
+                 [this, tensor, root](uint64_t seq, Deadline deadline) {
+                   at::Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
+                   Pinned pin(this, work);
+                   collectives::broadcast(*engine_, seq, pin.window, work.numel(), toDType(work.scalar_type()), root, deadline);
+                   if (!work.is_same(tensor)) tensor.copy_(work);
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tensor& output, at::Tensor& input,
+                                                                        const ::c10d::AllgatherOptions&) {
+  try {
+    checkTensor(input, "the input");
+    checkTensor(output, "the output");
+    checkSameKind(input, output, "the output");
+    MAESTRO_CHECK(output.numel() == input.numel() * getSize(), "allgather_into_tensor: the output has ",
+                  output.numel(), " elements but must have world size (", getSize(), ") x input (", input.numel(),
+                  ") = ", input.numel() * getSize());
+  } catch (const Error& e) {
+    reject("all_gather_into_tensor", e.what());
+  }
+  at::Tensor out = output, in = input;
+  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "maestro:all_gather_into_tensor", {out}, {in},
+                 [this, out, in](uint64_t seq, Deadline deadline) {
+                   at::Tensor work = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+                   at::Tensor src = in.contiguous();
+                   Pinned pin(this, work);
+                   collectives::allgather(*engine_, seq, src.data_ptr(), pin.window, src.numel(),
+                   toDType(src.scalar_type()), deadline);
+                   if (!work.is_same(out)) out.copy_(work);
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                std::vector<at::Tensor>& inputs,
+                                                                const ::c10d::AllgatherOptions&) {
+  try {
+    checkOne(inputs, "allgather");
+    MAESTRO_CHECK(outputs.size() == 1, "allgather takes one output list per process (got ", outputs.size(), ")");
+    MAESTRO_CHECK(static_cast<int>(outputs[0].size()) == getSize(), "allgather: the output list has ",
+                  outputs[0].size(), " tensors but the group has ", getSize(), " ranks");
+    for (const auto& o : outputs[0]) {
+      checkTensor(o, "an output tensor");
+      checkSameKind(inputs[0], o, "an output tensor");
+      MAESTRO_CHECK(o.numel() == inputs[0].numel(), "allgather: an output tensor has ", o.numel(),
+                    " elements but the input has ", inputs[0].numel());
+    }
+  } catch (const Error& e) {
+    reject("allgather", e.what());
+  }
+  std::vector<at::Tensor> outs = outputs[0];
+  at::Tensor in = inputs[0];
+  return enqueue(::c10d::OpType::ALLGATHER, "maestro:all_gather", outs, {in},
+                 [this, outs, in](uint64_t seq, Deadline deadline) {
+                   // Gather into one flat tensor (written in place by the
+                   // peers), then copy into the caller's list.
+                   at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * in.numel()}, in.options());
+                   at::Tensor src = in.contiguous();
+                   Pinned pin(this, flat);
+                   collectives::allgather(*engine_, seq, src.data_ptr(), pin.window, src.numel(),
+                   toDType(src.scalar_type()), deadline);
+                   for (size_t i = 0; i < outs.size(); ++i)
+                     outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * in.numel(), in.numel()).view(outs[i].sizes()));
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::Tensor& output, at::Tensor& input,
+                                                                            const ::c10d::ReduceScatterOptions& opts) {
+  ReduceOp op;
+  try {
+    checkTensor(input, "the input");
+    checkTensor(output, "the output");
+    checkSameKind(input, output, "the output");
+    MAESTRO_CHECK(input.numel() == output.numel() * getSize(), "reduce_scatter_tensor: the input has ", input.numel(),
+                  " elements but must have world size (", getSize(), ") x output (", output.numel(),
+                  ") = ", output.numel() * getSize());
+    op = toReduceOp(opts.reduceOp, input.scalar_type());
+  } catch (const Error& e) {
+    reject("reduce_scatter_tensor", e.what());
+  }
+  at::Tensor out = output, in = input;
+  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "maestro:reduce_scatter_tensor", {out}, {in},
+                 [this, out, in, op](uint64_t seq, Deadline deadline) {
+                   at::Tensor src = in.contiguous();
+                   at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+                   collectives::reduceScatter(*engine_, seq, src.data_ptr(), dst.data_ptr(), dst.numel(),
+                                              toDType(src.scalar_type()), op, deadline);
+                   if (!dst.is_same(out)) out.copy_(dst);
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                                     const ::c10d::ReduceScatterOptions& opts) {
+  ReduceOp op;
+  try {
+    checkOne(outputs, "reduce_scatter");
+    MAESTRO_CHECK(inputs.size() == 1, "reduce_scatter takes one input list per process (got ", inputs.size(), ")");
+    MAESTRO_CHECK(static_cast<int>(inputs[0].size()) == getSize(), "reduce_scatter: the input list has ",
+                  inputs[0].size(), " tensors but the group has ", getSize(), " ranks");
+    for (const auto& i : inputs[0]) {
+      checkTensor(i, "an input tensor");
+      checkSameKind(outputs[0], i, "an input tensor");
+      MAESTRO_CHECK(i.numel() == outputs[0].numel(), "reduce_scatter: an input tensor has ", i.numel(),
+                    " elements but the output has ", outputs[0].numel());
+    }
+    op = toReduceOp(opts.reduceOp, outputs[0].scalar_type());
+  } catch (const Error& e) {
+    reject("reduce_scatter", e.what());
+  }
+  at::Tensor out = outputs[0];
+  std::vector<at::Tensor> ins = inputs[0];
+  return enqueue(::c10d::OpType::REDUCE_SCATTER, "maestro:reduce_scatter", {out}, ins,
+                 [this, out, ins, op](uint64_t seq, Deadline deadline) {
+                   std::vector<at::Tensor> flat;
+                   for (const auto& t : ins) flat.push_back(t.reshape({-1}));
+                   at::Tensor src = at::cat(flat);
+                   at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
+                   collectives::reduceScatter(*engine_, seq, src.data_ptr(), dst.data_ptr(), dst.numel(),
+                                              toDType(src.scalar_type()), op, deadline);
+                   if (!dst.is_same(out)) out.copy_(dst);
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::barrier(const ::c10d::BarrierOptions&) {
+  return enqueue(::c10d::OpType::BARRIER, "maestro:barrier", {}, {},
+                 [this](uint64_t seq, Deadline deadline) { collectives::barrier(*engine_, seq, deadline); });
+}
+
+}  // namespace c10d_glue
+}  // namespace maestro

@@ -1,0 +1,119 @@
+// ProcessGroupMaestro: the c10d Backend registered as "maestro".
+//
+// Gloo's model: every collective call checks its inputs on the calling
+// thread (clear errors), takes the next sequence number -- identical on all
+// ranks because collectives are called in the same order -- and queues the
+// operation for the group's worker thread, which runs operations one at a
+// time in sequence order, each with the group timeout as its deadline. The
+// returned Work completes with the outputs or with the error. The first error
+// leaves the group unusable (its peers were aborted in the middle of an
+// operation); later calls fail at once saying so.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "c10d/work.hpp"
+#include "collectives/collectives.h"
+#include "multipath/engine.h"
+#include "multipath/registration_cache.h"
+
+namespace maestro {
+namespace c10d_glue {
+
+class ProcessGroupMaestro : public ::c10d::Backend {
+ public:
+  ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                      std::chrono::milliseconds timeout, const std::map<std::string, std::string>& options);
+  ~ProcessGroupMaestro() override;
+
+  const std::string getBackendName() const override { return "maestro"; }
+
+  c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                       const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs,
+                                             const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
+                                                     const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                  const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_single(at::Tensor& output, at::Tensor& input,
+                                                         const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  void shutdown() override;
+  void abort() override;
+
+  // Introspection for maestro_torch.path_stats() and the INFO log.
+  std::vector<multipath::PathStats> pathStats() const { return engine_->pathStats(); }
+  std::string describe() const { return engine_->describeSetup(); }
+  std::string transportName() const { return engine_->transportName(); }
+  int paths() const { return engine_->paths(); }
+  std::map<std::string, double> cacheStats() const;
+
+ private:
+  using Job = std::function<void(uint64_t seq, Deadline deadline)>;
+  struct Pending {
+    uint64_t seq;
+    c10::intrusive_ptr<MaestroWork> work;
+    Job job;
+  };
+
+  // Queue `job` under the next sequence number.
+  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
+                                           std::vector<at::Tensor> inputs, Job job);
+  // An input check failed on this rank: abort the operation it would have
+  // been on every rank (so no peer waits for it), then throw.
+  [[noreturn]] void reject(const char* name, const std::string& why);
+  void workerLoop();
+  void stopWorker(bool drain);
+
+  // A registered window over a contiguous CPU tensor, pinned in the
+  // registration cache for the scope of an operation. Empty tensors get an
+  // empty window.
+  class Pinned {
+   public:
+    Pinned(ProcessGroupMaestro* pg, const at::Tensor& t);
+    ~Pinned();
+    collectives::Window window;
+
+   private:
+    ProcessGroupMaestro* pg_;
+    at::Tensor tensor_;
+  };
+  collectives::Window window(const at::Tensor& t);
+  void release(const at::Tensor& t);
+
+  std::unique_ptr<multipath::Engine> engine_;
+  std::unique_ptr<multipath::RegistrationCache> cache_;
+  std::atomic<std::chrono::milliseconds> timeout_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  uint64_t seq_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr broken_;  // the first failure
+  std::string broken_what_;
+  std::thread worker_;
+};
+
+}  // namespace c10d_glue
+}  // namespace maestro

@@ -1,0 +1,88 @@
+// maestro_torch._C: the backend class for torch.distributed, and the knob
+// table for the Python package (declared once, in common/config.cc).
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include "c10d/backend.hpp"
+#include "common/config.h"
+
+namespace py = pybind11;
+
+namespace maestro {
+namespace c10d_glue {
+namespace {
+
+py::list pathStatsToPython(const std::vector<multipath::PathStats>& stats) {
+  py::list out;
+  for (const auto& s : stats) {
+    py::dict d;
+    d["peer"] = s.peer;
+    d["path"] = s.path;
+    d["state"] = s.state;
+    d["addresses"] = s.description;
+    d["bytes_sent"] = s.bytes_sent;
+    d["bytes_received"] = s.bytes_received;
+    d["chunks_sent"] = s.chunks_sent;
+    d["chunks_received"] = s.chunks_received;
+    d["errors"] = s.errors;
+    d["resent"] = s.resent;
+    d["throughput_bps"] = s.throughput;
+    d["chunk_time_s"] = s.completion_time;
+    d["rtt_s"] = s.rtt;
+    d["last_error"] = s.last_error;
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace c10d_glue
+}  // namespace maestro
+
+PYBIND11_MODULE(_C, m) {
+  using maestro::c10d_glue::ProcessGroupMaestro;
+  m.doc() = "maestro: multi-path collective backend for torch.distributed (C++ core)";
+  // The base class (c10d::Backend) must be registered with pybind first.
+  py::module::import("torch.distributed");
+
+  py::class_<ProcessGroupMaestro, ::c10d::Backend, c10::intrusive_ptr<ProcessGroupMaestro>>(m, "ProcessGroupMaestro")
+      .def(py::init([](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout, const std::map<std::string, std::string>& options) {
+             return c10::make_intrusive<ProcessGroupMaestro>(store, rank, size, timeout, options);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("options"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("path_stats",
+           [](const ProcessGroupMaestro& pg) { return maestro::c10d_glue::pathStatsToPython(pg.pathStats()); })
+      .def("describe", &ProcessGroupMaestro::describe)
+      .def("registration_cache_stats", &ProcessGroupMaestro::cacheStats)
+      .def_property_readonly("transport", &ProcessGroupMaestro::transportName)
+      .def_property_readonly("paths", &ProcessGroupMaestro::paths);
+
+  m.def("knobs", [] {
+    py::list out;
+    for (const auto& k : maestro::knobs()) {
+      py::dict d;
+      d["name"] = k.name;
+      d["env"] = k.env;
+      d["default"] = k.default_value;
+      d["doc"] = k.doc;
+      d["group_wide"] = k.group_wide;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def(
+      "resolve_config",
+      [](const std::map<std::string, std::string>& options) {
+        maestro::Config c = maestro::Config::resolve(options);
+        std::map<std::string, std::string> values;
+        for (const auto& k : maestro::knobs()) values[k.name] = k.show(c);
+        return values;
+      },
+      py::arg("options") = std::map<std::string, std::string>{},
+      "Resolve the knobs (defaults < MAESTRO_* environment < options) and return their values; raises on bad ones.");
+}

@@ -1,0 +1,58 @@
+#include "c10d/work.hpp"
+
+#include <ATen/core/jit_type.h>
+
+#include "common/error.h"
+
+namespace maestro {
+namespace c10d_glue {
+
+MaestroWork::MaestroWork(int rank, ::c10d::OpType type, uint64_t seq, const char* profiling_title,
+                         std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs)
+    : Work(rank, type, profiling_title, std::optional<std::vector<at::Tensor>>(inputs)),
+      seq_(seq),
+      outputs_(std::move(outputs)),
+      inputs_(std::move(inputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+bool MaestroWork::isCompleted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+bool MaestroWork::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr MaestroWork::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exception_;
+}
+
+bool MaestroWork::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lock, [&] { return completed_; });
+  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    throw Error(strcat("maestro: Work.wait() timed out after ", timeout.count(),
+                       " ms; the collective is still running (it fails on its own at the group timeout)"));
+  }
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> MaestroWork::getFuture() { return future_; }
+
+std::vector<at::Tensor> MaestroWork::result() { return outputs_; }
+
+void MaestroWork::complete(std::exception_ptr error) {
+  // The future first: a caller woken by finish() may read it at once.
+  if (error) future_->setError(error);
+  else future_->markCompleted(c10::IValue(outputs_));
+  inputs_.clear();
+  finish(error);
+}
+
+}  // namespace c10d_glue
+}  // namespace maestro

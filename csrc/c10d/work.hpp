@@ -1,0 +1,44 @@
+// The Work a maestro collective returns: a future of its output tensors
+// (DDP's comm hooks use getFuture()), completed by the group's worker thread
+// with the result or the error.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <exception>
+#include <vector>
+
+namespace maestro {
+namespace c10d_glue {
+
+class MaestroWork : public ::c10d::Work {
+ public:
+  MaestroWork(int rank, ::c10d::OpType type, uint64_t seq, const char* profiling_title,
+              std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  // Blocks until the operation finished (it has its own deadline, the group
+  // timeout), or until `timeout` if one is given; rethrows the operation's
+  // error on this rank.
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  std::vector<at::Tensor> result() override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  // Called once by the worker.
+  void complete(std::exception_ptr error);
+
+ private:
+  const uint64_t seq_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> inputs_;  // kept alive until the operation is done
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace c10d_glue
+}  // namespace maestro

@@ -1,0 +1,119 @@
+"""maestro_torch: a multi-path collective backend for torch.distributed.
+
+    import torch.distributed as dist
+    dist.init_process_group(backend="maestro")   # under torchrun
+    dist.all_reduce(t)
+
+Importing this package registers the backend (devices=["cpu"]); the
+``torch.distributed.backends`` entry point registers it too, so
+``init_process_group("maestro")`` works without the import.
+
+Every knob is a MAESTRO_* environment variable and a field of
+:class:`Options` (passed as ``pg_options``); :func:`knobs` lists them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["Options", "knobs", "path_stats", "describe", "backend_of", "ProcessGroupMaestro"]
+__version__ = "0.1.0"
+
+ProcessGroupMaestro = _C.ProcessGroupMaestro
+_KNOBS = {k["name"]: k for k in _C.knobs()}
+
+
+def knobs() -> list[dict]:
+    """Every knob: its Options field name, MAESTRO_* variable, default and doc."""
+    return [dict(k) for k in _KNOBS.values()]
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class Options:
+    """Backend options for ``init_process_group(backend="maestro", pg_options=Options(...))``
+    or ``new_group(..., pg_options=...)``. Each field overrides its MAESTRO_*
+    environment variable; values are checked when the Options are made.
+
+    Fields: {fields}
+    """
+
+    def __init__(self, **fields):
+        unknown = sorted(set(fields) - set(_KNOBS))
+        if unknown:
+            raise TypeError(
+                f"unknown maestro option(s) {', '.join(unknown)}; known: {', '.join(_KNOBS)}"
+            )
+        self._fields = {k: _text(v) for k, v in fields.items() if v is not None}
+        _C.resolve_config(self._fields)  # raises ValueError/RuntimeError naming the bad field
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self._fields)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._fields.items())
+        return f"maestro_torch.Options({inner})"
+
+
+Options.__doc__ = Options.__doc__.format(
+    fields="".join(f"\n      {k['name']} ({k['env']}, default {k['default'] or 'unset'}): {k['doc']}" for k in _KNOBS.values())
+)
+
+
+def _create_backend(dist_opts, pg_options):
+    if pg_options is None:
+        options = {}
+    elif isinstance(pg_options, Options):
+        options = pg_options.as_dict()
+    elif isinstance(pg_options, dict):
+        options = Options(**pg_options).as_dict()
+    else:
+        raise TypeError(f"pg_options for the maestro backend must be maestro_torch.Options, got {type(pg_options).__name__}")
+    return _C.ProcessGroupMaestro(
+        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout, options
+    )
+
+
+def _register() -> None:
+    """Register the "maestro" backend with torch.distributed (idempotent)."""
+    if "MAESTRO" in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend("maestro", _create_backend, extended_api=True, devices=["cpu"])
+
+
+def backend_of(group=None) -> ProcessGroupMaestro:
+    """The maestro backend object of `group` (default: the world group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    if not isinstance(backend, ProcessGroupMaestro):
+        raise ValueError(f"this process group's CPU backend is {type(backend).__name__}, not maestro")
+    return backend
+
+
+def path_stats(group=None) -> list[dict]:
+    """Per-path counters of this rank: one dict per (peer, path) with bytes and
+    chunks each way, errors, resent chunks, state (up/suspect/down), measured
+    throughput, chunk completion time and probe RTT. `peer` is the rank in
+    `group`, `global_peer` the rank in the world."""
+    stats = backend_of(group).path_stats()
+    for s in stats:
+        s["global_peer"] = s["peer"] if group is None else dist.get_global_rank(group, s["peer"])
+    return stats
+
+
+def describe(group=None) -> str:
+    """The group's transport, vNICs, knob values and path table (what
+    MAESTRO_DEBUG=INFO prints at start-up)."""
+    return backend_of(group).describe()
+
+
+if dist.is_available():
+    _register()
