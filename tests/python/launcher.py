@@ -1,0 +1,63 @@
+"""Launch ranks as real processes (spawned, each with its own torch and its
+own maestro engine) and collect what each returns or raises. Never hangs: a
+rank still running at the deadline is killed and reported."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(rank, world, port, env, target, args, out):
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    os.environ.update(env)
+    try:
+        out.put((rank, "ok", target(rank, world, *args)))
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the test
+        out.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def run_ranks(world: int, target, *args, env: dict | None = None, rank_env: dict | None = None,
+              timeout: float = 300.0):
+    """Run target(rank, world, *args) on `world` processes (env for all, rank_env
+    {rank: env} for some). Returns a list of
+    (status, value) per rank: ("ok", return value), ("error", text) or
+    ("killed", text) for a rank that did not finish in time."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(r, world, port, {**(env or {}), **(rank_env or {}).get(r, {})},
+                                              target, args, out), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: list = [None] * world
+    import time
+    deadline = time.monotonic() + timeout
+    pending = world
+    while pending and time.monotonic() < deadline:
+        try:
+            rank, status, value = out.get(timeout=0.5)
+        except queue.Empty:
+            if all(not p.is_alive() for p in procs) and out.empty():
+                break
+            continue
+        results[rank] = (status, value)
+        pending -= 1
+    for r, p in enumerate(procs):
+        p.join(timeout=5 if results[r] else 0.1)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        if results[r] is None:
+            results[r] = ("killed", f"rank {r} did not finish within {timeout} s (exit code {p.exitcode})")
+    return results

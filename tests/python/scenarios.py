@@ -1,0 +1,187 @@
+"""Rank-process bodies for the behaviour tests (errors, registration, paths,
+DDP). Each returns something small the test asserts on."""
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _init(timeout_s: float = 60, backend: str = "maestro", **kw):
+    import maestro_torch  # noqa: F401
+
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+
+
+def _error_of(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def mismatched_shapes(rank, world):
+    _init()
+    t = torch.ones(1000 if rank != 1 else 999)
+    start = time.time()
+    err = _error_of(lambda: dist.all_reduce(t))
+    later = _error_of(lambda: dist.all_reduce(torch.ones(10)))
+    return {"error": err, "seconds": time.time() - start, "later": later}
+
+
+def mismatched_collectives(rank, world):
+    _init()
+    t = torch.ones(100)
+    if rank == 0:
+        err = _error_of(lambda: dist.broadcast(t, src=0))
+    else:
+        err = _error_of(lambda: dist.all_reduce(t))
+    return {"error": err}
+
+
+def mismatched_dtype(rank, world):
+    _init()
+    t = torch.ones(100, dtype=torch.float32 if rank else torch.float64)
+    return {"error": _error_of(lambda: dist.all_reduce(t))}
+
+
+def one_rank_rejects_its_input(rank, world):
+    _init()
+    good = torch.ones(100)
+    bad = torch.ones(100, dtype=torch.uint32)  # passes torch.distributed, not maestro
+    start = time.time()
+    err = _error_of(lambda: dist.all_reduce(bad if rank == world - 1 else good))
+    return {"error": err, "seconds": time.time() - start}
+
+
+def sparse_tensor(rank, world):
+    _init()
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,))
+    return {"error": _error_of(lambda: dist.all_reduce(s))}
+
+
+def unsupported_op(rank, world):
+    _init()
+    return {"error": _error_of(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND))}
+
+
+def skipped_collective(rank, world):
+    _init(timeout_s=3)
+    start = time.time()
+    if rank == 1:
+        time.sleep(8)  # alive, but never calls the collective
+        return {"error": "", "seconds": 0}
+    err = _error_of(lambda: dist.all_reduce(torch.ones(10)))
+    return {"error": err, "seconds": time.time() - start}
+
+
+def peer_exits(rank, world):
+    _init()
+    if rank == 1:
+        os._exit(0)  # gone without a goodbye, as after a crash
+    return {"error": _error_of(lambda: dist.all_reduce(torch.ones(10)))}
+
+
+def bad_knob(rank, world):
+    import maestro_torch  # noqa: F401
+
+    return {"error": _error_of(lambda: dist.init_process_group("maestro", timeout=datetime.timedelta(seconds=30)))}
+
+
+def entry_point_without_import(rank, world):
+    # No `import maestro_torch`: torch finds the backend through the
+    # torch.distributed.backends entry point.
+    assert "maestro_torch" not in sys.modules
+    dist.init_process_group("maestro", timeout=datetime.timedelta(seconds=60))
+    t = torch.full((10,), float(rank))
+    dist.all_reduce(t)
+    ok = bool(torch.all(t == sum(range(world))))
+    dist.destroy_process_group()
+    return {"ok": ok}
+
+
+def device_string(rank, world):
+    _init(backend="cpu:maestro")
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    import maestro_torch
+
+    return {"ok": bool(torch.all(t == world)), "transport": maestro_torch.backend_of().transport}
+
+
+def path_share(rank, world):
+    import maestro_torch
+
+    _init(pg_options=maestro_torch.Options(paths=4, policy="round_robin"))
+    t = torch.ones(16 * 1024 * 1024)  # 64 MiB of float32
+    dist.all_reduce(t)
+    ok = bool(torch.all(t == world))
+    stats = maestro_torch.path_stats()
+    dist.barrier()  # nobody leaves (closing paths) before everyone has its snapshot
+    dist.destroy_process_group()
+    return {"ok": ok, "stats": stats}
+
+
+def options_and_subgroups(rank, world):
+    import maestro_torch
+
+    _init(pg_options=maestro_torch.Options(chunk_size="64K", paths=2))
+    world_paths = maestro_torch.backend_of().paths
+    sub = dist.new_group([0, 2], backend="maestro", pg_options=maestro_torch.Options(paths=3, chunk_size="32K"))
+    result = {"world_paths": world_paths}
+    if rank in (0, 2):
+        t = torch.full((100000,), float(rank))
+        dist.all_reduce(t, group=sub)
+        result["sub_ok"] = bool(torch.all(t == 2.0))
+        result["sub_paths"] = maestro_torch.backend_of(sub).paths
+        result["sub_stats_peers"] = sorted({s["global_peer"] for s in maestro_torch.path_stats(sub)})
+    t = torch.ones(10)
+    dist.all_reduce(t)
+    result["world_ok"] = bool(torch.all(t == world))
+    dist.destroy_process_group()
+    return result
+
+
+def info_logging(rank, world):
+    # The C++ core writes to fd 2: capture it through a pipe.
+    r, w = os.pipe()
+    saved = os.dup(2)
+    os.dup2(w, 2)
+    try:
+        _init()
+        dist.all_reduce(torch.ones(1000))
+        dist.destroy_process_group()
+    finally:
+        os.dup2(saved, 2)
+        os.close(w)
+    with os.fdopen(r) as f:
+        return {"log": f.read()}
+
+
+def ddp_training(rank, world, backend):
+    """A few steps of DDP on a small model; returns the final parameters."""
+    torch.manual_seed(0)
+    _init(backend=backend)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    if rank == 1:  # different initial weights: DDP must broadcast rank 0's
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)  # several buckets
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(5):
+        x = torch.randn(16, 32, generator=g)
+        y = torch.randn(16, 4, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    params = [p.detach().tolist() for p in model.parameters()]  # plain lists cross the process boundary
+    dist.destroy_process_group()
+    return params

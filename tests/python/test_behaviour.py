@@ -1,0 +1,146 @@
+"""How the backend behaves for a user: clear errors on every rank and no
+hang when ranks disagree or misuse it, registration, options, statistics."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import scenarios
+from launcher import run_ranks
+
+
+def ok_values(results):
+    for rank, (status, value) in enumerate(results):
+        assert status == "ok", f"rank {rank} {status}: {value}"
+    return [v for _, v in results]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_mismatched_shapes_fail_on_every_rank(world):
+    values = ok_values(run_ranks(world, scenarios.mismatched_shapes, timeout=120))
+    for rank, v in enumerate(values):
+        assert "different tensors" in v["error"] and "999" in v["error"], f"rank {rank}: {v['error']!r}"
+        assert v["seconds"] < 20, "an error must not wait for the timeout"
+        assert "unusable after an earlier failure" in v["later"], v["later"]
+
+
+def test_mismatched_collectives_fail_on_every_rank():
+    for rank, v in enumerate(ok_values(run_ranks(2, scenarios.mismatched_collectives, timeout=120))):
+        assert "broadcast" in v["error"] and "allreduce" in v["error"], f"rank {rank}: {v['error']!r}"
+
+
+def test_mismatched_dtypes_fail_on_every_rank():
+    for rank, v in enumerate(ok_values(run_ranks(2, scenarios.mismatched_dtype, timeout=120))):
+        assert "float32" in v["error"] and "float64" in v["error"], f"rank {rank}: {v['error']!r}"
+
+
+def test_a_rank_rejecting_its_input_fails_every_rank():
+    values = ok_values(run_ranks(3, scenarios.one_rank_rejects_its_input, timeout=120))
+    for rank, v in enumerate(values):
+        assert "UInt32 is not supported" in v["error"], f"rank {rank}: {v['error']!r}"
+        assert "rejected on rank 2" in v["error"], v["error"]
+        assert v["seconds"] < 20
+
+
+def test_sparse_tensor_is_a_clear_error():
+    for v in ok_values(run_ranks(2, scenarios.sparse_tensor, timeout=120)):
+        assert "maestro supports dense (strided) tensors only" in v["error"], v["error"]
+
+
+def test_unsupported_reduce_op_is_a_clear_error():
+    for v in ok_values(run_ranks(2, scenarios.unsupported_op, timeout=120)):
+        assert "not supported by maestro" in v["error"] and "SUM, AVG" in v["error"], v["error"]
+
+
+def test_a_rank_that_skips_a_collective_times_out_the_others():
+    values = ok_values(run_ranks(2, scenarios.skipped_collective, timeout=120))
+    assert "timed out" in values[0]["error"] and "rank 1" in values[0]["error"], values[0]["error"]
+    assert values[0]["seconds"] < 15
+
+
+def test_a_rank_that_exits_fails_the_others_quickly():
+    results = run_ranks(2, scenarios.peer_exits, timeout=120)
+    status, value = results[0]
+    assert status == "ok", value
+    assert "rank 1" in value["error"] and "exit or crash" in value["error"], value["error"]
+
+
+def test_unknown_knob_value_fails_every_rank_clearly():
+    results = run_ranks(2, scenarios.bad_knob, env={"MAESTRO_POLICY": "fastest"}, timeout=120)
+    for rank, v in enumerate(ok_values(results)):
+        assert "MAESTRO_POLICY='fastest' is not one of" in v["error"], f"rank {rank}: {v['error']!r}"
+
+
+def test_group_wide_knob_differing_between_ranks_fails_every_rank():
+    results = run_ranks(2, scenarios.bad_knob, rank_env={1: {"MAESTRO_CHUNK_SIZE": "64K"}}, timeout=120)
+    for rank, v in enumerate(ok_values(results)):
+        assert "must be the same on every rank" in v["error"], f"rank {rank}: {v['error']!r}"
+        assert "chunk_size=51200" in v["error"] and "chunk_size=65536" in v["error"], v["error"]
+
+
+def test_options_validate_at_construction():
+    import maestro_torch
+
+    with pytest.raises(TypeError, match="unknown maestro option"):
+        maestro_torch.Options(chunk_sise="1M")
+    with pytest.raises(Exception, match="MAESTRO_CHUNK_SIZE"):
+        maestro_torch.Options(chunk_size="12345")
+    o = maestro_torch.Options(vnics=["127.0.0.1", "127.0.0.2"], busy_poll=True, paths=2)
+    assert o.as_dict() == {"vnics": "127.0.0.1,127.0.0.2", "busy_poll": "1", "paths": "2"}
+    names = {k["name"] for k in maestro_torch.knobs()}
+    assert {"paths", "chunk_size", "policy", "vnics", "transport"} <= names
+    assert all(k["env"].startswith("MAESTRO_") for k in maestro_torch.knobs())
+
+
+def test_entry_point_registers_without_import():
+    for v in ok_values(run_ranks(2, scenarios.entry_point_without_import, timeout=120)):
+        assert v["ok"]
+
+
+def test_cpu_device_string():
+    for v in ok_values(run_ranks(2, scenarios.device_string, timeout=120)):
+        assert v["ok"] and v["transport"] == "tcp"
+
+
+def test_options_and_subgroups():
+    values = ok_values(run_ranks(3, scenarios.options_and_subgroups, timeout=120))
+    for rank, v in enumerate(values):
+        assert v["world_paths"] == 2 and v["world_ok"]
+        if rank in (0, 2):
+            assert v["sub_ok"] and v["sub_paths"] == 3
+            assert v["sub_stats_peers"] == [2 - rank], "the subgroup's peer is the other member"
+
+
+def test_each_path_carries_a_fair_share_of_a_large_allreduce():
+    values = ok_values(run_ranks(2, scenarios.path_share, timeout=180))
+    for rank, v in enumerate(values):
+        assert v["ok"]
+        sent = [s["bytes_sent"] for s in v["stats"]]
+        assert len(sent) == 4 and all(s["state"] == "up" for s in v["stats"])
+        total = sum(sent)
+        assert total >= 64 * 2**20, f"rank {rank} sent {total} bytes for a 64 MiB allreduce"
+        for p, b in enumerate(sent):
+            assert abs(b - total / 4) <= 0.05 * total / 4, f"rank {rank} path {p}: {b} of {total} bytes"
+
+
+def test_info_logging_prints_knobs_and_path_table():
+    values = ok_values(run_ranks(2, scenarios.info_logging, env={"MAESTRO_DEBUG": "INFO"}, timeout=120))
+    for rank, v in enumerate(values):
+        log = v["log"]
+        assert f"maestro[{rank}] INFO" in log
+        for knob in ("MAESTRO_CHUNK_SIZE=51200", "MAESTRO_POLICY=", "MAESTRO_PATHS=", "MAESTRO_VNICS="):
+            assert knob in log, f"{knob} missing from the INFO log:\n{log}"
+        assert "127.0.0.4" in log and "sent MB" in log, "path table missing"
+        assert "path statistics at shutdown" in log
+
+
+def test_ddp_matches_gloo():
+    maestro = ok_values(run_ranks(2, scenarios.ddp_training, "maestro", timeout=180))
+    gloo = ok_values(run_ranks(2, scenarios.ddp_training, "gloo", timeout=180))
+    for rank in range(2):
+        for m, g in zip(maestro[rank], gloo[rank]):
+            torch.testing.assert_close(torch.tensor(m), torch.tensor(g), rtol=1e-5, atol=1e-6)
+    for m0, m1 in zip(maestro[0], maestro[1]):
+        assert m0 == m1, "DDP replicas must stay identical"

@@ -1,0 +1,212 @@
+"""What the rank processes run in the Python tests (importable by spawned
+children). Every rank builds every rank's input from a seed, so each can
+compute the exact reference locally.
+
+Values are small integers (products: +-1, +-2), so float sums and products
+are exact in every dtype and every result is compared exactly -- including
+float16/bfloat16 and AVG -- whatever the reduction order."""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
+}
+OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+       "product": dist.ReduceOp.PRODUCT}
+# 0, 1, a prime not divisible by ranks x chunks, and several MB.
+SIZES = [0, 1, 100003, 1048583]
+RS_SIZES = [0, 1, 100003, 262147]  # per rank (the input is world x this)
+
+
+def cases() -> list[str]:
+    out = []
+    for dt in DTYPES:
+        for op in OPS:
+            out += [f"allreduce-{op}-{dt}-{n}" for n in SIZES]
+            out += [f"reduce_scatter-{op}-{dt}-{n}" for n in RS_SIZES]
+            out += [f"reduce_scatter_tensor-{op}-{dt}-{n}" for n in RS_SIZES]
+        out += [f"all_gather-{dt}-{n}" for n in RS_SIZES]
+        out += [f"all_gather_into_tensor-{dt}-{n}" for n in RS_SIZES]
+        out += [f"broadcast-{dt}-{n}" for n in SIZES]
+    out += ["barrier", "allreduce-noncontiguous", "broadcast-noncontiguous", "all_gather-noncontiguous-outputs",
+            "reduce_scatter_tensor-noncontiguous-output", "all_gather_into_tensor-view-of-storage",
+            "allreduce_coalesced", "broadcast-root0", "allreduce-async-overlap"]
+    return out
+
+
+def data(rank: int, n: int, dtype: torch.dtype, product: bool = False, salt: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000003 * rank + 7919 * n + salt)
+    if product:
+        v = torch.tensor([-2, -1, 1, 2])[torch.randint(0, 4, (n,), generator=g)]
+        if dtype == torch.uint8:
+            v = v.abs()
+    else:
+        lo = 0 if dtype == torch.uint8 else -8
+        v = torch.randint(lo, 9, (n,), generator=g)
+    return v.to(dtype)
+
+
+def fold(op: str, xs: list[torch.Tensor], world: int) -> torch.Tensor:
+    ref = xs[0].clone()
+    for x in xs[1:]:
+        if op in ("sum", "avg"):
+            ref = ref + x
+        elif op == "product":
+            ref = ref * x
+        elif op == "min":
+            ref = torch.minimum(ref, x)
+        else:
+            ref = torch.maximum(ref, x)
+    if op == "avg":
+        ref = ref / world if ref.is_floating_point() else torch.div(ref, world, rounding_mode="trunc")
+        ref = ref.to(xs[0].dtype)
+    return ref
+
+
+def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    if got.dtype != want.dtype or got.shape != want.shape:
+        raise AssertionError(f"{name}: got {got.dtype}{tuple(got.shape)}, want {want.dtype}{tuple(want.shape)}")
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()
+        i = tuple(bad[0].tolist())
+        raise AssertionError(f"{name}: {len(bad)} elements differ, first at {i}: got {got[i].item()}, want {want[i].item()}")
+
+
+def run_case(name: str, rank: int, world: int) -> None:
+    parts = name.split("-")
+    kind = parts[0]
+    if kind == "barrier":
+        dist.barrier()
+        return
+    if name == "allreduce-noncontiguous":
+        xs = [data(r, 600, torch.float32).view(20, 30).t() for r in range(world)]
+        t = xs[rank].clone().t().contiguous().t()  # same non-contiguous layout
+        assert not t.is_contiguous()
+        dist.all_reduce(t)
+        check(name, t, fold("sum", xs, world))
+        return
+    if name == "broadcast-noncontiguous":
+        base = data(rank, 1000, torch.int32).view(10, 100)
+        t = base[:, ::3]
+        assert not t.is_contiguous()
+        dist.broadcast(t, src=world - 1)
+        check(name, t, data(world - 1, 1000, torch.int32).view(10, 100)[:, ::3])
+        return
+    if name == "all_gather-noncontiguous-outputs":
+        x = data(rank, 50, torch.float64)
+        outs = [torch.zeros(100, dtype=torch.float64)[::2] for _ in range(world)]
+        dist.all_gather(outs, x)
+        for r in range(world):
+            check(f"{name}[{r}]", outs[r], data(r, 50, torch.float64))
+        return
+    if name == "reduce_scatter_tensor-noncontiguous-output":
+        xs = [data(r, 64 * world, torch.int64) for r in range(world)]
+        out = torch.zeros(128, dtype=torch.int64)[::2]
+        dist.reduce_scatter_tensor(out, xs[rank].clone())
+        check(name, out, fold("sum", [x[rank * 64:(rank + 1) * 64] for x in xs], world))
+        return
+    if name == "all_gather_into_tensor-view-of-storage":
+        # The output is a view in the middle of a larger storage: the peers
+        # must write at the right offset and nothing around it.
+        big = torch.full((10 + 7 * world + 10,), -1.0)
+        out = big[10:10 + 7 * world]
+        dist.all_gather_into_tensor(out, torch.full((7,), float(rank)))
+        check(name, out, torch.cat([torch.full((7,), float(r)) for r in range(world)]))
+        check(name + " (guard)", torch.cat([big[:10], big[-10:]]), torch.full((20,), -1.0))
+        return
+    if name == "allreduce_coalesced":
+        shapes = [(3,), (4, 5), (0,), (7, 1)]
+        ts = [data(rank, int(torch.tensor(s).prod()), torch.float32, salt=i).view(s) for i, s in enumerate(shapes)]
+        dist.all_reduce_coalesced(ts)
+        for i, s in enumerate(shapes):
+            n = int(torch.tensor(s).prod())
+            check(f"{name}[{i}]", ts[i], fold("sum", [data(r, n, torch.float32, salt=i).view(s) for r in range(world)], world))
+        return
+    if name == "broadcast-root0":
+        t = data(rank, 5000, torch.float32)
+        dist.broadcast(t, src=0)
+        check(name, t, data(0, 5000, torch.float32))
+        return
+    if name == "allreduce-async-overlap":
+        # Several operations in flight at once complete in order, correctly.
+        ts = [data(rank, 20000 + i, torch.float32, salt=i) for i in range(6)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        for i, w in enumerate(works):
+            w.wait()
+            check(f"{name}[{i}]", ts[i], fold("sum", [data(r, 20000 + i, torch.float32, salt=i) for r in range(world)], world))
+        return
+
+    if kind in ("allreduce", "reduce_scatter", "reduce_scatter_tensor"):
+        op, dt, n = parts[1], DTYPES[parts[2]], int(parts[3])
+        prod = op == "product"
+        if kind == "allreduce":
+            xs = [data(r, n, dt, prod) for r in range(world)]
+            t = xs[rank].clone()
+            dist.all_reduce(t, op=OPS[op])
+            check(name, t, fold(op, xs, world))
+        else:
+            xs = [data(r, n * world, dt, prod) for r in range(world)]
+            want = fold(op, [x[rank * n:(rank + 1) * n] for x in xs], world)
+            out = torch.empty(n, dtype=dt)
+            before = xs[rank].clone()
+            if kind == "reduce_scatter":
+                dist.reduce_scatter(out, list(xs[rank].clone().chunk(world)) if n else
+                                    [torch.empty(0, dtype=dt) for _ in range(world)], op=OPS[op])
+            else:
+                inp = xs[rank].clone()
+                dist.reduce_scatter_tensor(out, inp, op=OPS[op])
+                check(name + " (input untouched)", inp, before)
+            check(name, out, want)
+        return
+    if kind in ("all_gather", "all_gather_into_tensor"):
+        dt, n = DTYPES[parts[1]], int(parts[2])
+        x = data(rank, n, dt)
+        want = [data(r, n, dt) for r in range(world)]
+        if kind == "all_gather":
+            outs = [torch.empty(n, dtype=dt) for _ in range(world)]
+            dist.all_gather(outs, x)
+            for r in range(world):
+                check(f"{name}[{r}]", outs[r], want[r])
+        else:
+            out = torch.empty(n * world, dtype=dt)
+            dist.all_gather_into_tensor(out, x)
+            check(name, out, torch.cat(want))
+        return
+    if kind == "broadcast":
+        dt, n = DTYPES[parts[1]], int(parts[2])
+        t = data(rank, n, dt)
+        dist.broadcast(t, src=world - 1)
+        check(name, t, data(world - 1, n, dt))
+        return
+    raise ValueError(f"unknown case {name}")
+
+
+def matrix(rank: int, world: int, names: list[str]) -> dict:
+    """Run every case in one process group; returns {case: error or None}."""
+    import maestro_torch  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("maestro", timeout=__import__("datetime").timedelta(seconds=120))
+    results, broken = {}, None
+    start = time.time()
+    for name in names:
+        if broken:
+            results[name] = f"not run: the group broke in an earlier case ({broken})"
+            continue
+        try:
+            run_case(name, rank, world)
+            results[name] = None
+        except AssertionError as e:
+            results[name] = str(e)
+        except Exception as e:  # noqa: BLE001
+            results[name] = f"{type(e).__name__}: {e}"
+            broken = name
+    results["_seconds"] = time.time() - start
+    results["_path_stats"] = __import__("maestro_torch").path_stats()
+    dist.destroy_process_group()
+    return results
