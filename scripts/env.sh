@@ -1,0 +1,26 @@
+# Sourced by demo.sh and test.sh: a project virtualenv (.venv) with torch and
+# maestro_torch installed from this checkout. Idempotent and quick when done.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=$ROOT/.venv
+PY=$VENV/bin/python
+
+if [ ! -x "$PY" ]; then
+  echo "== creating $VENV"
+  python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+fi
+if ! "$PY" -c "import torch, pytest, numpy" 2>/dev/null; then
+  echo "== installing torch (CPU use; about 1 minute) and test tools"
+  "$PY" -m pip install -q torch numpy pytest
+fi
+for tool in cmake ninja g++; do
+  command -v "$tool" >/dev/null || { echo "error: $tool is required (apt-get install cmake ninja-build g++)" >&2; exit 1; }
+done
+# Rebuild the extension when any C++ or build file is newer than it.
+SO=$(ls "$ROOT"/maestro_torch/_C*.so 2>/dev/null | head -1 || true)
+if [ -z "$SO" ] || [ -n "$(find "$ROOT/csrc" "$ROOT/CMakeLists.txt" "$ROOT/setup.py" -newer "$SO" -print -quit)" ]; then
+  echo "== building maestro_torch (pip install --no-build-isolation -e .)"
+  (cd "$ROOT" && "$PY" -m pip install -q --no-build-isolation -e .)
+fi
+export PATH=$VENV/bin:$PATH
