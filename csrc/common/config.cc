@@ -194,6 +194,27 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          c.path_timeout = parseSeconds("MAESTRO_PATH_TIMEOUT", v, 0.05, 3600);
        }},
+      {"connect_timeout", "MAESTRO_CONNECT_TIMEOUT", "5",
+       "seconds a path may take to connect at start-up; a path that does not starts down and is retried", false,
+       [](const Config& c) { return strcat(c.connect_timeout); },
+       [](Config& c, const std::string& v) {
+         c.connect_timeout = parseSeconds("MAESTRO_CONNECT_TIMEOUT", v, 0.05, 3600);
+       }},
+      {"discovery", "MAESTRO_DISCOVERY", "off",
+       "off, or ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own "
+       "5-tuple, keep one per distinct hop (for ECMP-hashed networks)",
+       true, [](const Config& c) { return c.discovery; },
+       [](Config& c, const std::string& v) { c.discovery = oneOf("MAESTRO_DISCOVERY", v, {"off", "ttl"}); }},
+      {"probe_ttl", "MAESTRO_PROBE_TTL", "2", "discovery: hops from a host to the routers that tell the paths apart",
+       true, [](const Config& c) { return std::to_string(c.probe_ttl); },
+       [](Config& c, const std::string& v) { c.probe_ttl = static_cast<int>(parseInt("MAESTRO_PROBE_TTL", v, 1, 64)); }},
+      {"candidates", "MAESTRO_CANDIDATES", "8",
+       "discovery: at most this many candidate connections per wanted path (opened in rounds until enough "
+       "distinct hops are found)",
+       true, [](const Config& c) { return std::to_string(c.candidates); },
+       [](Config& c, const std::string& v) {
+         c.candidates = static_cast<int>(parseInt("MAESTRO_CANDIDATES", v, 1, 64));
+       }},
       {"probe_interval", "MAESTRO_PROBE_INTERVAL", "0.5",
        "seconds between RTT probes of idle paths and reconnect attempts of down paths", false,
        [](const Config& c) { return strcat(c.probe_interval); },

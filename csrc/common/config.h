@@ -39,6 +39,10 @@ struct Config {
   bool busy_poll = false;               // verbs: busy-poll the completion queue
   double path_timeout = 2.0;            // seconds without progress before a path is declared down
   double probe_interval = 0.5;          // seconds between probes of idle / down paths
+  double connect_timeout = 5.0;         // seconds a path may take to connect at start-up
+  std::string discovery = "off";        // off | ttl: find disjoint routes among candidate connections
+  int probe_ttl = 2;                    // hops from a host to the core (spine) layer
+  int candidates = 8;                   // discovery: most candidate connections per wanted path
 
   // name -> (value text, source: "default" | "env" | "options")
   std::map<std::string, std::pair<std::string, std::string>> provenance;

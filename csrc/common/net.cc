@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <linux/errqueue.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -21,6 +22,12 @@ namespace maestro {
 namespace net {
 
 std::string errnoText(int err) { return std::strerror(err); }
+
+bool isSoftError(int err) {
+  // ICMP errors reported on an established TCP connection (with IP_RECVERR
+  // on, e.g. while probing routes): TCP keeps retrying, so do we.
+  return err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN || err == ENETDOWN;
+}
 
 uint16_t SockAddr::port() const {
   if (family() == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
@@ -131,8 +138,8 @@ int listenOn(const std::string& ip, uint16_t port, int backlog) {
   return fd;
 }
 
-int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline) {
-  SockAddr local = parseAddress(local_ip, 0);
+int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline, uint16_t local_port) {
+  SockAddr local = parseAddress(local_ip, local_port);
   MAESTRO_CHECK(local.family() == remote.family(), "cannot connect from ", local_ip, " to ",
                 remote.str(), ": address families differ");
   int fd = ::socket(remote.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -141,6 +148,10 @@ int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline de
     ::close(fd);
     fail("cannot connect ", local_ip, " -> ", remote.str(), ": ", what);
   };
+  if (local_port != 0) {
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  }
   if (::bind(fd, local.get(), local.length) != 0) bail(strcat("bind: ", errnoText(errno)));
   int flags = fcntl(fd, F_GETFL);
   fcntl(fd, F_SETFL, flags | O_NONBLOCK);
@@ -176,7 +187,7 @@ bool readFull(int fd, void* buf, size_t length) {
       if (got == 0) return false;
       fail("connection closed in the middle of a message (", got, " of ", length, " bytes)");
     }
-    if (errno == EINTR) continue;
+    if (errno == EINTR || isSoftError(errno)) continue;
     if (errno == ECONNRESET) fail("connection reset by the peer");
     fail("recv: ", errnoText(errno));
   }
@@ -192,7 +203,7 @@ void writeFull(int fd, const void* buf, size_t length) {
       sent += static_cast<size_t>(n);
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EINTR || isSoftError(errno))) continue;
     fail("send: ", n < 0 ? errnoText(errno) : std::string("connection closed"));
   }
 }
@@ -206,6 +217,29 @@ bool waitReadable(int fd, Deadline deadline) {
     if (r > 0) return true;
     if (r < 0 && errno != EINTR) fail("poll: ", errnoText(errno));
   }
+}
+
+std::string readIcmpOffender(int fd) {
+  char control[512];
+  char data[64];
+  iovec iov{data, sizeof data};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  if (::recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) return "";
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != IPPROTO_IP || c->cmsg_type != IP_RECVERR) continue;
+    auto* ee = reinterpret_cast<sock_extended_err*>(CMSG_DATA(c));
+    if (ee->ee_origin != SO_EE_ORIGIN_ICMP || ee->ee_type != 11 /* ICMP_TIME_EXCEEDED */) continue;
+    auto* from = reinterpret_cast<sockaddr_in*>(SO_EE_OFFENDER(ee));
+    if (from->sin_family != AF_INET) continue;
+    char buf[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &from->sin_addr, buf, sizeof buf);
+    return buf;
+  }
+  return "";
 }
 
 std::vector<std::string> interfaceAddresses(const std::string& ifname) {

@@ -33,7 +33,11 @@ SockAddr peerAddress(int fd);
 int listenOn(const std::string& ip, uint16_t port, int backlog = 128);
 // Connect from local_ip (bind before connect, ephemeral port) to `remote`
 // before the deadline. Throws maestro::Error saying which address failed.
-int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline);
+int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline, uint16_t local_port = 0);
+// Read one ICMP error from the socket's error queue (IP_RECVERR); returns
+// the address of the router that sent it, or "" if it was not an ICMP
+// time-exceeded.
+std::string readIcmpOffender(int fd);
 
 // Blocking full reads/writes. readFull returns false on orderly EOF before the
 // first byte; every other short read or error throws.
@@ -57,6 +61,8 @@ bool isLocalAddress(const std::string& ip);
 std::string hostIdentity();
 
 std::string errnoText(int err);
+// ICMP-caused errors that do not end an established TCP connection.
+bool isSoftError(int err);
 
 }  // namespace net
 }  // namespace maestro

@@ -33,9 +33,13 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 }  // namespace
 
 struct Engine::PathSlot {
+  int id = -1;             // the transport's path id
+  bool initiated = false;  // this rank opened it, and reopens it after a failure
   bool up = false;
   std::string description;
   std::string last_error;
+  std::string route;
+  uint64_t reconnects = 0;
   std::deque<ChunkDesc*> queue;  // assigned here, not yet posted
   int inflight = 0;
   uint64_t bytes_sent = 0, bytes_received = 0, chunks_sent = 0, chunks_received = 0, errors = 0, resent = 0;
@@ -51,9 +55,11 @@ struct Engine::PathSlot {
 };
 
 struct Engine::Peer {
-  explicit Peer(const Config& config) : scheduler(makeScheduler(config)), reassembler(config.chunk_size) {}
+  Peer(int rank, const Config& config) : rank(rank), scheduler(makeScheduler(config)), reassembler(config.chunk_size) {}
+  const int rank;
   std::mutex mu;
   std::vector<PathSlot> paths;
+  std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
   std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the first path with room takes them
   std::unique_ptr<Scheduler> scheduler;
   Reassembler reassembler;
@@ -77,7 +83,7 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   // may arrive as soon as it does.
   auto now = Clock::now();
   for (int i = 0; i < size_; ++i) {
-    peers_.push_back(std::make_unique<Peer>(config_));
+    peers_.push_back(std::make_unique<Peer>(i, config_));
     if (i == rank_) continue;
     peers_[i]->paths.resize(mesh_.paths);
     peers_[i]->last_heard = now;
@@ -89,9 +95,21 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   qp.open(config_, mesh_, this);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    std::lock_guard<std::mutex> lock(peers_[peer]->mu);
-    for (int i = 0; i < mesh_.paths; ++i) peers_[peer]->paths[i].description = mesh_.transport->describePath(peer, i);
+    Peer& p = *peers_[peer];
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (int i = 0; i < mesh_.paths; ++i) {
+      PathSlot& slot = p.paths[i];
+      slot.id = mesh_.ids[peer][i];
+      slot.initiated = mesh_.initiator[peer];
+      slot.up = mesh_.up[peer][i];
+      slot.route = mesh_.routes[peer][i];
+      slot.description = mesh_.transport->describePath(peer, slot.id);
+      if (!slot.up) slot.last_error = "did not connect at start-up (retried in the background)";
+      if (static_cast<int>(p.slot_of.size()) <= slot.id) p.slot_of.resize(slot.id + 1, -1);
+      p.slot_of[slot.id] = i;
+    }
   }
+  if (!mesh_.discovery_report.empty()) MAESTRO_INFO("discovery:", mesh_.discovery_report);
   if (!mesh_.vnics.warning.empty() && rank_ == 0) MAESTRO_WARN(mesh_.vnics.warning);
   MAESTRO_INFO(describeSetup());
   monitor_ = std::thread([this] { monitorLoop(); });
@@ -238,7 +256,7 @@ void Engine::pump(Peer& peer, int path) {
     req.with_imm = true;
     req.imm = encodeImm(op->tag_, c->index);
     req.wr_id = reinterpret_cast<uint64_t>(c);  // the paper's wr_id trick
-    mesh_.transport->postWrite(op->peer_, path, req);
+    mesh_.transport->postWrite(op->peer_, slot.id, req);
   }
 }
 
@@ -278,12 +296,19 @@ std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_
   return op;
 }
 
-void Engine::onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) {
+int Engine::slotOf(const Peer& peer, int transport_path) {
+  return transport_path >= 0 && transport_path < static_cast<int>(peer.slot_of.size()) ? peer.slot_of[transport_path]
+                                                                                       : -1;
+}
+
+void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool ok) {
   auto* c = reinterpret_cast<ChunkDesc*>(wr_id);
   SendOp* op = c->op;
   Peer& p = *peers_[peer];
   {
     std::lock_guard<std::mutex> lock(p.mu);
+    const int path = c->path;  // the slot it was posted on (transport_path is its id)
+    (void)transport_path;
     PathSlot& slot = p.paths[path];
     slot.inflight--;
     op->outstanding_--;
@@ -296,12 +321,17 @@ void Engine::onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) {
       slot.last_progress = now;
       slot.completion = ewma(slot.completion, seconds(now - c->posted));
       if (--op->remaining_ == 0) op->done_.store(true, std::memory_order_release);
-    } else if (!op->failed()) {
-      // Flushed by a failed path: move it to a live one. Writes are
-      // idempotent (same bytes, same place) and the receiver counts each
-      // chunk once, so a copy that did land does no harm.
-      slot.resent++;
-      enqueue(p, c);
+    } else {
+      // A flush means the path is dead, even if its error has not reached
+      // us (e.g. it died before the engine was told about it).
+      if (slot.up) pathDown(p, path, "a write on it was flushed");
+      if (!op->failed()) {
+        // Move it to a live path. Writes are idempotent (same bytes, same
+        // place) and the receiver counts each chunk once, so a copy that did
+        // land does no harm.
+        slot.resent++;
+        enqueue(p, c);
+      }
     }
     bool finished = op->done() || (op->failed() && op->outstanding_ == 0);
     if (finished) p.sending.erase(op);  // may free op (and c): not touched below
@@ -386,16 +416,19 @@ void Engine::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {
   Reassembler::Landed landed = Reassembler::Landed::kDuplicate;
   {
     std::lock_guard<std::mutex> lock(p.mu);
-    PathSlot& slot = p.paths[path];
-    slot.bytes_received += length;
-    slot.chunks_received++;
+    int slot_index = slotOf(p, path);
+    if (slot_index >= 0) {
+      PathSlot& slot = p.paths[slot_index];
+      slot.bytes_received += length;
+      slot.chunks_received++;
+    }
     p.last_heard = Clock::now();
     // Only the current operation's chunks can be legitimate: a peer writes
     // to us only after our descriptor for that operation reached it.
     if ((tag >> 10) == current_epoch_.load()) {
       landed = p.reassembler.land(tag, immChunk(imm), length, &span, &hook, &error);
       if (landed == Reassembler::Landed::kError)
-        markUnreachable(p, strcat("protocol error from rank ", peer, " on path ", path, ": ", error));
+          markUnreachable(p, strcat("protocol error from rank ", peer, " on path ", slot_index, ": ", error));
       if (landed == Reassembler::Landed::kNew) {
         auto it = p.receiving.find(tag);
         if (it != p.receiving.end()) {
@@ -445,11 +478,12 @@ void Engine::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub,
   {
     std::lock_guard<std::mutex> lock(p.mu);
     if (p.unreachable) throw Error(p.error);
-    path = controlPath(p);
-    if (path < 0) {
+    int slot = controlPath(p);
+    if (slot < 0) {
       markUnreachable(p, strcat("no path to rank ", peer, " is up"));
       throw Error(p.error);
     }
+    path = p.paths[slot].id;
   }
   mesh_.transport->postSend(peer, path, msg.data(), msg.size());
 }
@@ -522,7 +556,9 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kPong: {
         std::lock_guard<std::mutex> lock(p.mu);
         p.last_heard = Clock::now();
-        PathSlot& slot = p.paths[path];
+        int slot_index = slotOf(p, path);
+        if (slot_index < 0) return;
+        PathSlot& slot = p.paths[slot_index];
         if (slot.ping_outstanding) {
           slot.rtt = ewma(slot.rtt, seconds(Clock::now() - slot.ping_sent), 0.3);
           slot.ping_outstanding = false;
@@ -557,10 +593,39 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
   notify();
 }
 
-void Engine::onPathError(int peer, int path, const std::string& what) {
+void Engine::onPathError(int peer, int transport_path, const std::string& what) {
   Peer& p = *peers_[peer];
   {
     std::lock_guard<std::mutex> lock(p.mu);
+    int path = slotOf(p, transport_path);
+    if (path < 0) return;  // a discovery candidate we do not use
+    pathDown(p, path, what);
+  }
+  notify();
+}
+
+void Engine::onPathUp(int peer, int transport_path) {
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    int path = slotOf(p, transport_path);
+    if (path < 0 || p.unreachable) return;  // start-up, or a group already failed
+    PathSlot& slot = p.paths[path];
+    if (slot.up) return;
+    slot.up = true;
+    slot.reconnects++;
+    slot.inflight = 0;  // the old connection flushed everything it held
+    slot.last_progress = Clock::now();
+    slot.ping_outstanding = false;
+    MAESTRO_INFO("path ", path, " to rank ", peer, " is up again");
+    pump(p, path);
+  }
+  notify();
+}
+
+void Engine::pathDown(Peer& p, int path, const std::string& what) {
+  const int peer = p.rank;
+  {
     PathSlot& slot = p.paths[path];
     if (slot.up) {
       slot.up = false;
@@ -593,7 +658,6 @@ void Engine::onPathError(int peer, int path, const std::string& what) {
       for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
     }
   }
-  notify();
 }
 
 // ---------------------------------------------------------------- monitor
@@ -617,8 +681,8 @@ void Engine::monitorLoop() {
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       Peer& p = *peers_[peer];
-      std::vector<std::pair<int, std::string>> to_close;
-      std::vector<int> to_ping;
+      std::vector<std::pair<int, std::string>> to_close;  // transport ids
+      std::vector<int> to_ping, to_reconnect;
       {
         std::lock_guard<std::mutex> lock(p.mu);
         for (size_t i = 0; i < p.paths.size(); ++i) {
@@ -627,31 +691,45 @@ void Engine::monitorLoop() {
           if (s.tick_busy && dt > 0) s.throughput = ewma(s.throughput, s.tick_bytes / dt, 0.3);
           s.tick_bytes = 0;
           s.tick_busy = s.inflight > 0;
-          if (!s.up) continue;
+          if (!s.up) {
+            // Re-probe a dead path in the background (its opener reconnects);
+            // it is used again as soon as it answers.
+            if (probe && s.initiated && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
+            continue;
+          }
           // A path that holds chunks and completes none for path_timeout
           // while the peer is heard from elsewhere is blackholed: close it,
           // its chunks move. (A peer silent on every path is slow or gone;
           // the operation's timeout covers that.)
           if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout &&
               seconds(now - p.last_heard) < config_.path_timeout)
-            to_close.emplace_back(static_cast<int>(i),
-                                  strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
-                                         " chunks in flight (blackholed path?)"));
+            to_close.emplace_back(s.id, strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
+                                               " chunks in flight (blackholed path?)"));
           if (probe && !s.ping_outstanding) {
             s.ping_outstanding = true;
             s.ping_sent = now;
-            to_ping.push_back(static_cast<int>(i));
+            to_ping.push_back(s.id);
           }
         }
       }
       for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
-      for (int i : to_ping) {
+      for (int id : to_ping) {
         ControlHeader h{};
         h.type = static_cast<uint8_t>(ControlType::kPing);
         try {
-          mesh_.transport->postSend(peer, i, &h, sizeof h);
+          mesh_.transport->postSend(peer, id, &h, sizeof h);
         } catch (const Error&) {
         }
+      }
+      for (int id : to_reconnect) {
+        if (stopping_) break;
+        auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
+        if (!mesh_.transport->reconnect(peer, id, until)) continue;  // success also arrives as onPathUp
+        std::string desc = mesh_.transport->describePath(peer, id);
+        std::lock_guard<std::mutex> lock(p.mu);
+        int slot = slotOf(p, id);
+        if (slot >= 0) p.paths[slot].description = desc;
       }
     }
   }
@@ -675,6 +753,8 @@ std::vector<PathStats> Engine::pathStats() const {
                                       : "up";
       st.description = s.description;
       st.last_error = s.last_error;
+      st.route = s.route;
+      st.reconnects = s.reconnects;
       st.bytes_sent = s.bytes_sent;
       st.bytes_received = s.bytes_received;
       st.chunks_sent = s.chunks_sent;

@@ -61,6 +61,8 @@ struct PathStats {
   std::string state;        // up | suspect | down
   std::string description;  // local -> remote addresses
   std::string last_error;
+  std::string route;        // core hop found by discovery ("" if not probed)
+  uint64_t reconnects = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t chunks_sent = 0, chunks_received = 0;
   uint64_t errors = 0, resent = 0;
@@ -149,6 +151,7 @@ class Engine : public transport::CompletionSink {
   void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override;
   void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
   void onPathError(int peer, int path, const std::string& what) override;
+  void onPathUp(int peer, int path) override;
 
  private:
   struct PathSlot;
@@ -161,6 +164,8 @@ class Engine : public transport::CompletionSink {
   void failSends(Peer& peer, const std::string& why);    // peer.mu held
   void markUnreachable(Peer& peer, const std::string& why);  // peer.mu held
   int controlPath(const Peer& peer) const;         // peer.mu held
+  static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
+  void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void monitorLoop();
 
   const int rank_;

@@ -1,7 +1,11 @@
 #include "multipath/qp_manager.h"
 
+#include "multipath/discovery.h"
+
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "common/error.h"
@@ -15,7 +19,7 @@ namespace {
 
 // Every step of the start-up, in order; an error is published under all of
 // them so that a peer waiting at any step sees it.
-const std::vector<std::string> kSteps = {"host", "config", "vnics", "secret", "transport", "endpoints", "connected"};
+const std::vector<std::string> kSteps = {"host", "config", "vnics", "secret", "transport", "endpoints"};
 
 std::string hex(const uint8_t* data, size_t n) {
   static const char* digits = "0123456789abcdef";
@@ -41,7 +45,14 @@ QpManager::QpManager(Rendezvous& store, int rank, int size, Deadline deadline)
     : store_(store), rank_(rank), size_(size), deadline_(deadline) {}
 
 void QpManager::publishError(const std::string& message) {
-  for (const auto& step : kSteps) {
+  // Under every step not yet published, and the rounds of the connection
+  // phase: a peer waiting at any of them sees the error.
+  std::vector<std::string> steps = kSteps;
+  for (int round = 0; round < 64; ++round) {
+    steps.push_back(strcat("connected.", round));
+    steps.push_back(strcat("routes.", round));
+  }
+  for (const auto& step : steps) {
     bool done = false;
     for (const auto& p : published_) done = done || p == step;
     if (!done) store_.set(key(step, rank_), "error:" + message);
@@ -154,56 +165,221 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
   return mesh;
 }
 
+void QpManager::connectRange(const Config& config, Mesh& mesh,
+                             const std::vector<std::vector<std::string>>& endpoints, const std::vector<int>& peers,
+                             int from, int to, std::vector<std::vector<int>>* connected,
+                             std::vector<std::string>* errors) {
+  // Connect in parallel: a path whose link is down costs connect_timeout
+  // once, not once per path.
+  struct Attempt {
+    int peer, cand;
+    bool ok = false;
+    std::string error;
+  };
+  std::vector<Attempt> attempts;
+  for (int peer : peers)
+    for (int c = from; c < to; ++c) attempts.push_back({peer, c, false, ""});
+  auto until = std::min(deadline_, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                      std::chrono::duration<double>(config.connect_timeout)));
+  std::vector<std::thread> threads;
+  for (auto& a : attempts)
+    threads.emplace_back([&, until] {
+      transport::PathSpec spec;
+      spec.peer = a.peer;
+      spec.path = a.cand;
+      spec.local_addr = mesh.vnics.addresses[a.cand % mesh.vnics.addresses.size()];
+      spec.remote_endpoint = endpoints[a.peer][a.cand % endpoints[a.peer].size()];
+      transport::Hello hello;
+      std::memcpy(hello.secret, mesh.options.secret.data(), mesh.options.secret.size());
+      hello.rank = rank_;
+      hello.path = a.cand;
+      try {
+        mesh.transport->connect(spec, hello, until);
+        a.ok = true;
+      } catch (const Error& e) {
+        a.error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& a : attempts) {
+    if (a.ok) (*connected)[a.peer].push_back(a.cand);
+    else (*errors)[a.peer] += "\n  " + a.error;
+  }
+}
+
 void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink* sink) {
   try {
     mesh.options.sink = sink;
     mesh.transport = transport::makeTransport(mesh.transport_kind, mesh.options);
 
     // Listen on every local vNIC and publish the endpoints.
-    std::string endpoints;
-    for (const auto& a : mesh.vnics.addresses) endpoints += (endpoints.empty() ? "" : ",") + mesh.transport->listen(a);
-    std::vector<std::string> all_endpoints = allGather("endpoints", endpoints);
+    std::string mine;
+    for (const auto& a : mesh.vnics.addresses) mine += (mine.empty() ? "" : ",") + mesh.transport->listen(a);
+    std::vector<std::vector<std::string>> endpoints;
+    for (const auto& e : allGather("endpoints", mine)) endpoints.push_back(splitList(e));
 
-    mesh.specs.assign(size_, {});
+    const bool discover = config.discovery == "ttl";
+    const int P = mesh.paths;
+    const int cap = discover ? P * config.candidates : P;
+    const int per_round = discover ? std::min(cap, 2 * P) : P;
+    mesh.initiator.assign(size_, false);
+    std::vector<int> mine_to;  // peers this rank opens paths to: the higher ranks
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      mesh.initiator[peer] = true;
+      mine_to.push_back(peer);
+    }
+
+    // pair (a < b): candidates opened, which connected, probed hops each way.
+    auto pairKey = [&](int a, int b) { return std::min(a, b) * size_ + std::max(a, b); };
+    std::map<int, int> opened;
+    std::map<int, std::vector<int>> connected;
+    std::map<int, std::vector<std::string>> fwd, bwd;  // indexed by candidate
+    std::map<int, bool> done;
+    std::vector<std::string> errors(size_);
+    for (int a = 0; a < size_; ++a)
+      for (int b = a + 1; b < size_; ++b) {
+        opened[pairKey(a, b)] = 0;
+        done[pairKey(a, b)] = false;
+      }
+    std::string probe_why;
+    for (int round = 0;; ++round) {
+      // 1. Open this round's candidates to the higher ranks whose pair needs more.
+      std::vector<int> targets;
+      for (int peer : mine_to)
+        if (!done[pairKey(rank_, peer)]) targets.push_back(peer);
+      int from = round * per_round, to = std::min(cap, from + per_round);
+      std::vector<std::vector<int>> now(size_);
+      connectRange(config, mesh, endpoints, targets, from, to, &now, &errors);
+      // 2. Everyone learns which candidates connected ("peer:c,c;peer:c").
+      std::string record;
+      for (int peer : targets) {
+        record += strcat(peer, ":");
+        for (size_t i = 0; i < now[peer].size(); ++i) record += strcat(i ? "," : "", now[peer][i]);
+        record += ";";
+      }
+      std::vector<std::string> records = allGather(strcat("connected.", round), record);
+      size_t expected = 0;
+      std::vector<std::pair<int, int>> fresh;  // (peer, candidate) connected this round, from my side
+      for (int r = 0; r < size_; ++r) {
+        size_t at = 0;
+        const std::string& rec = records[r];
+        while (at < rec.size()) {
+          size_t colon = rec.find(':', at), semi = rec.find(';', at);
+          int peer = std::stoi(rec.substr(at, colon - at));
+          for (const auto& c : splitList(rec.substr(colon + 1, semi - colon - 1))) {
+            int cand = std::stoi(c);
+            connected[pairKey(r, peer)].push_back(cand);
+            if (peer == rank_) ++expected;
+            if (r == rank_ || peer == rank_) fresh.emplace_back(r == rank_ ? peer : r, cand);
+          }
+          opened[pairKey(r, peer)] = to;
+          at = semi + 1;
+        }
+      }
+      mesh.transport->awaitAccepted(accepted_ += expected, deadline_);
+      if (!discover) break;
+
+      // 3. Probe every fresh candidate in our outgoing direction.
+      std::vector<std::string> hops =
+          fresh.empty() ? std::vector<std::string>()
+                        : mesh.transport->probeRoutes(fresh, config.probe_ttl, Clock::now() + std::chrono::milliseconds(1500),
+                                                      &probe_why);
+      std::string routes;
+      for (size_t i = 0; i < fresh.size(); ++i) routes += strcat(fresh[i].first, ":", fresh[i].second, "=", hops[i], ";");
+      std::vector<std::string> all_routes = allGather(strcat("routes.", round), routes);
+      for (int r = 0; r < size_; ++r) {
+        size_t at = 0;
+        const std::string& rec = all_routes[r];
+        while (at < rec.size()) {
+          size_t colon = rec.find(':', at), eq = rec.find('=', at), semi = rec.find(';', at);
+          int peer = std::stoi(rec.substr(at, colon - at));
+          int cand = std::stoi(rec.substr(colon + 1, eq - colon - 1));
+          auto& dir = r < peer ? fwd[pairKey(r, peer)] : bwd[pairKey(r, peer)];
+          if (static_cast<int>(dir.size()) <= cand) dir.resize(cand + 1);
+          dir[cand] = rec.substr(eq + 1, semi - eq - 1);
+          at = semi + 1;
+        }
+      }
+      // 4. Every rank decides for every pair, from the same data.
+      bool all_done = true;
+      for (auto& [key, is_done] : done) {
+        if (is_done) continue;
+        int a = key / size_, b = key % size_;
+        std::vector<Candidate> cands;
+        bool answers = false;
+        for (int c : connected[key]) {
+          Candidate cd;
+          if (c < static_cast<int>(fwd[key].size())) cd.forward = fwd[key][c];
+          if (c < static_cast<int>(bwd[key].size())) cd.backward = bwd[key][c];
+          answers = answers || !cd.forward.empty() || !cd.backward.empty();
+          cands.push_back(cd);
+        }
+        bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
+        if (!f && !w) f = w = true;  // not ring neighbours: both directions count alike
+        Selection sel = selectDisjoint(cands, P, f, w);
+        // Stop when disjoint, when probes get no answers (same leaf, or ICMP
+        // filtered: more candidates would not help), or at the cap.
+        is_done = fullyDisjoint(sel, P, f, w) || !answers || opened[key] >= cap;
+        all_done = all_done && is_done;
+      }
+      if (all_done) break;
+    }
+
+    // The paths of every peer.
+    mesh.ids.assign(size_, {});
+    mesh.up.assign(size_, {});
+    mesh.routes.assign(size_, {});
+    std::ostringstream report;
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      std::vector<std::string> remote = splitList(all_endpoints[peer]);
-      for (int p = 0; p < mesh.paths; ++p) {
-        transport::PathSpec spec;
-        spec.peer = peer;
-        spec.path = p;
-        spec.local_addr = mesh.vnics.addresses[p % mesh.vnics.addresses.size()];
-        spec.remote_endpoint = remote[p % remote.size()];
-        mesh.specs[peer].push_back(spec);
+      int key = pairKey(rank_, peer);
+      std::vector<int>& conn = connected[key];
+      std::sort(conn.begin(), conn.end());
+      if (conn.empty())
+        fail("cannot reach rank ", peer, " on any of its ", P, " paths:",
+             errors[peer].empty() ? std::string(" (rank ") + std::to_string(peer) + " could not connect to us)"
+                                  : errors[peer]);
+      if (!discover) {
+        for (int p = 0; p < P; ++p) {
+          mesh.ids[peer].push_back(p);
+          mesh.up[peer].push_back(std::find(conn.begin(), conn.end(), p) != conn.end());
+          mesh.routes[peer].push_back("");
+        }
+        continue;
       }
+      bool lower = rank_ < peer;
+      std::vector<Candidate> cands;
+      for (int c : conn) {
+        Candidate cd;
+        if (c < static_cast<int>(fwd[key].size())) cd.forward = fwd[key][c];
+        if (c < static_cast<int>(bwd[key].size())) cd.backward = bwd[key][c];
+        cands.push_back(cd);
+      }
+      int a = std::min(rank_, peer), b = std::max(rank_, peer);
+      bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
+      if (!f && !w) f = w = true;
+      Selection sel = selectDisjoint(cands, P, f, w);
+      std::vector<bool> keep(conn.size(), false);
+      for (int i : sel.chosen) {
+        keep[i] = true;
+        mesh.ids[peer].push_back(conn[i]);
+        mesh.up[peer].push_back(true);
+        mesh.routes[peer].push_back(lower ? cands[i].forward : cands[i].backward);
+      }
+      report << "\n  rank " << peer << ": " << conn.size() << " candidates, " << (lower ? sel.distinct_forward : sel.distinct_backward)
+             << " distinct outgoing hops, paths via";
+      for (const auto& r : mesh.routes[peer]) report << " " << (r.empty() ? "?" : r);
+      // The initiator closes the candidates nobody uses.
+      if (mesh.initiator[peer])
+        for (size_t i = 0; i < conn.size(); ++i)
+          if (!keep[i]) mesh.transport->closePath(peer, conn[i], "unused discovery candidate");
+      if (static_cast<int>(sel.chosen.size()) < P)
+        MAESTRO_WARN("discovery: only ", sel.chosen.size(), " usable candidates to rank ", peer, " for ", P, " paths");
     }
-    // The lower rank of each pair opens the paths: path i joins our vNIC i
-    // to the peer's vNIC i.
-    transport::Hello hello;
-    std::memcpy(hello.secret, mesh.options.secret.data(), mesh.options.secret.size());
-    hello.rank = rank_;
-    for (int peer = rank_ + 1; peer < size_; ++peer)
-      for (int p = 0; p < mesh.paths; ++p) {
-        hello.path = p;
-        mesh.transport->connect(mesh.specs[peer][p], hello, deadline_);
-      }
-    // Wait for the lower ranks' paths, watching for a rank that failed.
-    size_t expected = static_cast<size_t>(rank_) * mesh.paths;
-    for (;;) {
-      try {
-        mesh.transport->awaitAccepted(expected, std::min(deadline_, Clock::now() + std::chrono::milliseconds(100)));
-        break;
-      } catch (const Error&) {
-        if (Clock::now() >= deadline_) throw;
-      }
-      for (int r = 0; r < rank_; ++r) {
-        std::string v;
-        if (store_.tryGet(key("connected", r), &v) && v.rfind("error:", 0) == 0)
-          fail("rank ", r, " failed to join the maestro group: ", v.substr(6));
-      }
+    if (discover) {
+      mesh.discovery_report = report.str();
+      if (!probe_why.empty()) MAESTRO_WARN("discovery: ", probe_why);
     }
-    store_.set(key("connected", rank_), "ok:");
-    published_.push_back("connected");
   } catch (const Error& e) {
     publishError(e.what());
     if (mesh.transport) mesh.transport->shutdown();

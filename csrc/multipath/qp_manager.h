@@ -35,8 +35,15 @@ struct Mesh {
   std::string transport_why;
   VnicChoice vnics;
   int paths = 0;
-  // specs[peer][path]: local vNIC -> the peer's endpoint (empty for self).
-  std::vector<std::vector<transport::PathSpec>> specs;
+  // Per peer, per path: the transport's path id (a candidate index under
+  // discovery, else the path index), whether it connected at start-up (a
+  // path that did not starts down and is retried), whether this rank opened
+  // it (and so reconnects it), and the core hop it was found to take.
+  std::vector<std::vector<int>> ids;
+  std::vector<std::vector<bool>> up;
+  std::vector<std::vector<std::string>> routes;
+  std::vector<bool> initiator;
+  std::string discovery_report;  // for the INFO log
 };
 
 class QpManager {
@@ -48,11 +55,17 @@ class QpManager {
   Config agreeOnConfig(const std::map<std::string, std::string>& overrides);
   // Agree on vNICs, paths per peer, the group secret and the transport.
   Mesh plan(const Config& config, const std::string& rendezvous_host);
-  // Create the transport, listen, exchange endpoints and connect every path.
+  // Create the transport, listen, exchange endpoints and connect every path
+  // (under discovery: candidates in rounds, probed, the disjoint ones kept).
   // Completions may reach `sink` as soon as the first path is up.
   void open(const Config& config, Mesh& mesh, transport::CompletionSink* sink);
 
  private:
+  // Open candidates [from, to) to every peer in `peers` (this rank opens
+  // them); returns which connected, and why the others did not.
+  void connectRange(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,
+                    const std::vector<int>& peers, int from, int to, std::vector<std::vector<int>>* connected,
+                    std::vector<std::string>* errors);
   // Publish our value for `step` and collect every rank's. Throws with the
   // message of the first rank that published an error.
   std::vector<std::string> allGather(const std::string& step, const std::string& value);
@@ -63,6 +76,7 @@ class QpManager {
   const int size_;
   const Deadline deadline_;
   std::vector<std::string> published_;  // steps this rank has published
+  size_t accepted_ = 0;                  // paths the peers opened to us so far
 };
 
 }  // namespace multipath

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace maestro {
@@ -87,6 +88,9 @@ class CompletionSink {
   virtual void onMessage(int peer, int path, const uint8_t* data, size_t length) = 0;
   // The path is dead. Raised once per path and connection.
   virtual void onPathError(int peer, int path, const std::string& what) = 0;
+  // The path is (again) usable: raised when a connection for it is
+  // established after start-up -- a reconnect by either side.
+  virtual void onPathUp(int peer, int path) {}
 };
 
 // Presented by the connecting side of every path and checked by the
@@ -140,6 +144,17 @@ class Transport {
   virtual void awaitAccepted(size_t count, Deadline deadline) = 0;
   // Addresses a path uses, for the path table ("ip:port").
   virtual std::string describePath(int peer, int path) const = 0;
+  // Re-open a failed path this side initiated, from the same local address
+  // and, where possible, the same source port (the same 5-tuple, so ECMP
+  // puts it on the same route). False if the peer was not reached in time.
+  virtual bool reconnect(int peer, int path, Deadline deadline) = 0;
+  // For each (peer, path): the address of the router `ttl` hops out on the
+  // path's outgoing route, from the ICMP time-exceeded answer to a
+  // TTL-limited probe sent on the path's own 5-tuple (Paris traceroute,
+  // no privileges needed); "" where nothing answered before the deadline.
+  // A transport that cannot probe returns "" everywhere and says why.
+  virtual std::vector<std::string> probeRoutes(const std::vector<std::pair<int, int>>& paths, int ttl,
+                                               Deadline deadline, std::string* why) = 0;
 
   // ---- data path (non-blocking) ------------------------------------------
   virtual void postWrite(int peer, int path, const WriteRequest& req) = 0;

@@ -39,6 +39,11 @@ class RecordingSink : public transport::CompletionSink {
     errors.push_back(what);
     cv.notify_all();
   }
+  void onPathUp(int peer, int path) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ups.push_back(path);
+    cv.notify_all();
+  }
   template <typename Pred>
   bool waitFor(Pred pred, double seconds = 30) {
     std::unique_lock<std::mutex> lock(mu);
@@ -52,6 +57,7 @@ class RecordingSink : public transport::CompletionSink {
   std::set<int> arrival_paths;
   std::vector<std::string> messages;
   std::vector<std::string> errors;
+  std::vector<int> ups;
 };
 
 }  // namespace testing

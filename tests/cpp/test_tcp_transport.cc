@@ -96,10 +96,16 @@ TEST_F(RawPeer, HelloFromOutOfRangeRankIsRefused) {
   EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadRank), hello(1, 0));  // itself
 }
 
-TEST_F(RawPeer, DuplicatePathIsRefused) {
+// A second hello for a connected path is a reconnect (the peer saw the old
+// connection die first): it replaces the old connection, which fails.
+TEST_F(RawPeer, SecondHelloReplacesTheConnection) {
   ASSERT_EQ(0u, hello(0, 0));
   int first = fd_;
-  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kDuplicate), hello(0, 0));
+  EXPECT_EQ(0u, hello(0, 0));
+  std::string error = waitError();
+  EXPECT_NE(std::string::npos, error.find("replaced by a new connection")) << error;
+  char byte;
+  EXPECT_EQ(0, ::recv(first, &byte, 1, 0)) << "the old connection is closed";
   ::close(first);
 }
 

@@ -204,5 +204,27 @@ TEST_P(TransportContract, ClosePathFlushesAndOthersSurvive) {
   t_[1]->conceal(remote);
 }
 
+// A failed path is reopened by its initiator; both sides see it come up and
+// it carries writes again.
+TEST_P(TransportContract, ReconnectRestoresAFailedPath) {
+  std::vector<uint8_t> src(64 * 1024, 7), dst(64 * 1024, 0);
+  Region local = t_[0]->registerMemory(src.data(), src.size());
+  Region remote = t_[1]->registerMemory(dst.data(), dst.size());
+  RemoteRegion rr = toRemote(remote);
+  rr.key = t_[1]->expose(remote);
+  t_[0]->closePath(1, 0, "test takes path 0 down");
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].errors.size() == 1; }));
+  size_t ups0 = sinks_[0].ups.size(), ups1 = sinks_[1].ups.size();
+  ASSERT_TRUE(t_[0]->reconnect(1, 0, after(10)));
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].ups.size() > ups0; }));
+  ASSERT_TRUE(sinks_[1].waitFor([&] { return sinks_[1].ups.size() > ups1; }));
+  transport::WriteRequest w{local, src.data(), src.size(), rr, 0, true, 3, 99};
+  t_[0]->postWrite(1, 0, w);
+  ASSERT_TRUE(sinks_[0].waitFor([&] { return !sinks_[0].completed.empty(); }));
+  EXPECT_EQ(99u, sinks_[0].completed.back());
+  EXPECT_EQ(src, dst);
+  t_[1]->conceal(remote);
+}
+
 }  // namespace testing
 }  // namespace maestro

@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_path.h"
 
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -28,7 +29,7 @@ void sendAll(int fd, iovec* iov, size_t count) {
     msg.msg_iovlen = count;
     ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR || net::isSoftError(errno)) continue;
       fail("send failed: ", net::errnoText(errno));
     }
     size_t left = static_cast<size_t>(n);
@@ -56,7 +57,31 @@ TcpPath::TcpPath(int fd, int peer, int path, std::string description, Completion
 
 TcpPath::~TcpPath() {
   stop();
+  if (failed()) {
+    // A failed path closes with a reset: no TIME_WAIT holds its source port,
+    // so a reconnect can reuse it (same 5-tuple, same route).
+    linger l{1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  }
   ::close(fd_);
+}
+
+void TcpPath::probe(int ttl) {
+  int on = 1;
+  setsockopt(fd_, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
+  setsockopt(fd_, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl);
+  Outgoing out;
+  out.header = probeFrame();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_ || stopping_) return;
+  control_.push_back(std::move(out));
+  cv_.notify_all();
+}
+
+void TcpPath::endProbe() {
+  int def = -1, off = 0;  // -1: the system default TTL
+  setsockopt(fd_, IPPROTO_IP, IP_TTL, &def, sizeof def);
+  setsockopt(fd_, IPPROTO_IP, IP_RECVERR, &off, sizeof off);
 }
 
 void TcpPath::stop() {
@@ -290,6 +315,8 @@ void TcpPath::recvLoop() {
           case FrameType::kAck:
             handleAck(h.offset);
             break;
+          case FrameType::kProbe:
+            break;  // it served its purpose on the way
         }
       }
     } catch (const Error& e) {

@@ -97,11 +97,9 @@ void TcpTransport::handshake(int fd) {
   else if (!sameSecret(hello.secret, options_.secret.data(), options_.secret.size())) status = HelloStatus::kBadSecret;
   else if (hello.rank < 0 || hello.rank >= options_.world_size || hello.rank == options_.rank) status = HelloStatus::kBadRank;
   else if (hello.path < 0 || hello.path >= 1024) status = HelloStatus::kBadPath;
-  else {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = paths_.find({hello.rank, hello.path});
-    if (it != paths_.end() && !it->second->failed()) status = HelloStatus::kDuplicate;
-  }
+  // A hello for a path we still think is up is a reconnect: the peer saw
+  // the old connection die first (e.g. a blackhole that only it noticed).
+  // The new connection replaces the old one (install() flushes it).
   HelloReply reply;
   reply.status = static_cast<uint32_t>(status);
   net::writeFull(fd, &reply, sizeof reply);
@@ -113,22 +111,31 @@ void TcpTransport::handshake(int fd) {
 
 void TcpTransport::install(int peer, int path, int fd, bool accepted) {
   std::string desc = strcat(net::localAddress(fd).str(), " <-> ", net::peerAddress(fd).str());
-  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_);
   std::shared_ptr<TcpPath> old;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto& slot = paths_[{peer, path}];
-    old = std::move(slot);
-    slot = p;
+    auto it = paths_.find({peer, path});
+    if (it != paths_.end()) old = it->second;
+  }
+  // The connection being replaced fails first: its outstanding writes come
+  // back flushed and move to live paths -- nothing waits on a dead socket.
+  if (old) old->close("replaced by a new connection for the same path");
+  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_);
+  bool was_up_before = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    paths_[{peer, path}] = p;
     if (accepted) ++accepted_;
+    was_up_before = old != nullptr;
   }
   accepted_cv_.notify_all();
   MAESTRO_TRACE("path ", path, " to rank ", peer, " up: ", desc);
-  // `old` (a failed connection being replaced) is stopped and closed here.
+  if (was_up_before) options_.sink->onPathUp(peer, path);
+  // `old` is stopped and closed when the last reference goes.
 }
 
-void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline deadline) {
-  int fd = net::connectFrom(spec.local_addr, net::parseEndpoint(spec.remote_endpoint), deadline);
+int TcpTransport::open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline) {
+  int fd = net::connectFrom(spec.local_addr, net::parseEndpoint(spec.remote_endpoint), deadline, local_port);
   try {
     HelloWire wire;
     std::memcpy(wire.secret, hello.secret, sizeof wire.secret);
@@ -146,7 +153,84 @@ void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline de
     fail("path ", spec.path, " to rank ", spec.peer, " (", spec.local_addr, " -> ", spec.remote_endpoint,
          "): ", e.what());
   }
+  return fd;
+}
+
+void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline deadline) {
+  int fd = open(spec, hello, 0, deadline);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    initiated_[{spec.peer, spec.path}] = Initiated{spec, hello, net::localAddress(fd).port()};
+  }
   install(spec.peer, spec.path, fd, false);
+}
+
+bool TcpTransport::reconnect(int peer, int path, Deadline deadline) {
+  Initiated init;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = initiated_.find({peer, path});
+    MAESTRO_CHECK(it != initiated_.end(), "reconnect: path ", path, " to rank ", peer, " was not opened here");
+    init = it->second;
+  }
+  int fd = -1;
+  try {
+    try {
+      fd = open(init.spec, init.hello, init.local_port, deadline);  // same 5-tuple
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("bind") == std::string::npos) throw;
+      fd = open(init.spec, init.hello, 0, deadline);  // port still held: a new one
+    }
+  } catch (const Error& e) {
+    MAESTRO_TRACE("reconnect of path ", path, " to rank ", peer, " failed: ", e.what());
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    initiated_[{peer, path}].local_port = net::localAddress(fd).port();
+  }
+  install(peer, path, fd, false);
+  return true;
+}
+
+std::vector<std::string> TcpTransport::probeRoutes(const std::vector<std::pair<int, int>>& which, int ttl,
+                                                   Deadline deadline, std::string* why) {
+  std::vector<std::shared_ptr<TcpPath>> paths;
+  for (const auto& pp : which) paths.push_back(pathFor(pp.first, pp.second));
+  std::vector<std::string> hops(paths.size());
+  for (auto& p : paths) {
+    if (net::localAddress(p->fd()).family() != AF_INET) {
+      *why = "route probing is implemented for IPv4 paths only";
+      return hops;
+    }
+    p->probe(ttl);
+  }
+  size_t answered = 0;
+  while (answered < paths.size() && Clock::now() < deadline) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < paths.size(); ++i)
+      if (hops[i].empty()) {
+        fds.push_back({paths[i]->fd(), 0, 0});  // POLLERR is always reported
+        index.push_back(i);
+      }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(1, std::min<long long>(left, 100)))) <= 0)
+      continue;
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (!(fds[k].revents & POLLERR)) continue;
+      std::string hop = net::readIcmpOffender(fds[k].fd);
+      if (!hop.empty() && hops[index[k]].empty()) {
+        hops[index[k]] = hop;
+        ++answered;
+      }
+    }
+  }
+  for (auto& p : paths) p->endProbe();
+  if (answered < paths.size())
+    *why = strcat(paths.size() - answered, " of ", paths.size(), " probes got no ICMP time-exceeded answer (",
+                  "TTL ", ttl, " too large, routers rate-limiting ICMP, or ICMP filtered)");
+  return hops;
 }
 
 void TcpTransport::awaitAccepted(size_t count, Deadline deadline) {

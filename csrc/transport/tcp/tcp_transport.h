@@ -37,6 +37,9 @@ class TcpTransport : public Transport {
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
   void awaitAccepted(size_t count, Deadline deadline) override;
   std::string describePath(int peer, int path) const override;
+  bool reconnect(int peer, int path, Deadline deadline) override;
+  std::vector<std::string> probeRoutes(const std::vector<std::pair<int, int>>& paths, int ttl, Deadline deadline,
+                                       std::string* why) override;
 
   void postWrite(int peer, int path, const WriteRequest& req) override;
   void postSend(int peer, int path, const void* data, size_t length) override;
@@ -48,6 +51,14 @@ class TcpTransport : public Transport {
   void handshake(int fd);
   std::shared_ptr<TcpPath> pathFor(int peer, int path) const;
   void install(int peer, int path, int fd, bool accepted);
+  // Connect, present the hello, wait for the answer; returns the fd.
+  int open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline);
+
+  struct Initiated {
+    PathSpec spec;
+    Hello hello;
+    uint16_t local_port = 0;
+  };
 
   const TransportOptions options_;
   RegionTable regions_;
@@ -55,6 +66,7 @@ class TcpTransport : public Transport {
   mutable std::mutex mu_;
   std::condition_variable accepted_cv_;
   std::map<std::pair<int, int>, std::shared_ptr<TcpPath>> paths_;
+  std::map<std::pair<int, int>, Initiated> initiated_;  // paths this side opened
   std::vector<int> listeners_;
   size_t accepted_ = 0;
   bool stopping_ = false;
