@@ -62,6 +62,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("transport", &ProcessGroupMaestro::transportName)
       .def_property_readonly("paths", &ProcessGroupMaestro::paths);
 
+#ifdef MAESTRO_HAVE_VERBS
+  m.attr("has_verbs") = true;
+#else
+  m.attr("has_verbs") = false;
+#endif
   m.def("knobs", [] {
     py::list out;
     for (const auto& k : maestro::knobs()) {

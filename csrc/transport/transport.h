@@ -88,8 +88,9 @@ class CompletionSink {
   virtual void onMessage(int peer, int path, const uint8_t* data, size_t length) = 0;
   // The path is dead. Raised once per path and connection.
   virtual void onPathError(int peer, int path, const std::string& what) = 0;
-  // The path is (again) usable: raised when a connection for it is
-  // established after start-up -- a reconnect by either side.
+  // A connection for the path is established (either side; also at
+  // start-up, and for a path that failed to connect then): the path is
+  // (again) usable.
   virtual void onPathUp(int peer, int path) {}
 };
 

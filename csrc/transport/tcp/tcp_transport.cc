@@ -121,16 +121,15 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
   // back flushed and move to live paths -- nothing waits on a dead socket.
   if (old) old->close("replaced by a new connection for the same path");
   auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_);
-  bool was_up_before = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     paths_[{peer, path}] = p;
     if (accepted) ++accepted_;
-    was_up_before = old != nullptr;
   }
   accepted_cv_.notify_all();
   MAESTRO_TRACE("path ", path, " to rank ", peer, " up: ", desc);
-  if (was_up_before) options_.sink->onPathUp(peer, path);
+  // Also for a path that never connected before (it was down at start-up).
+  options_.sink->onPathUp(peer, path);
   // `old` is stopped and closed when the last reference goes.
 }
 

@@ -8,6 +8,12 @@
 // alias i+1, so every QP has a distinct (source, destination) pair.
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -102,6 +108,12 @@ class RecordingSink : public CompletionSink {
     cv_.notify_all();
   }
 
+  void onPathUp(int peer, int path) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ups_.push_back({peer, path, "up", seq_++});
+    cv_.notify_all();
+  }
+
   // Waits until pred() (called under the lock) holds; false on timeout.
   template <typename Pred>
   bool waitFor(Pred pred, seconds timeout = seconds(30)) {
@@ -117,10 +129,12 @@ class RecordingSink : public CompletionSink {
   std::vector<Arrival> arrivals_;
   std::vector<Message> messages_;
   std::vector<PathError> errors_;
+  std::vector<PathError> ups_;  // onPathUp, recorded like errors
 };
 
-TransportOptions optionsFor(int rank, RecordingSink* sink, uint8_t secret_byte = 0x42) {
+TransportOptions optionsFor(int rank, RecordingSink* sink, uint8_t secret_byte = 0x42, bool busy_poll = false) {
   TransportOptions options;
+  options.busy_poll = busy_poll;
   options.rank = rank;
   options.world_size = 2;
   options.secret.fill(secret_byte);
@@ -159,8 +173,8 @@ class VerbsPairTest : public ::testing::Test {
     std::string why;
     if (!verbsUsableFor(vnics_, &why)) GTEST_SKIP() << "no usable RDMA device: " << why;
 
-    t0_ = makeVerbsTransport(optionsFor(0, &s0_));
-    t1_ = makeVerbsTransport(optionsFor(1, &s1_));
+    t0_ = makeVerbsTransport(optionsFor(0, &s0_, 0x42, busyPoll()));
+    t1_ = makeVerbsTransport(optionsFor(1, &s1_, 0x42, busyPoll()));
     for (int i = 0; i < kPaths; ++i) endpoints_.push_back(t0_->listen(vnics_[i]));
     for (int i = 0; i < kPaths; ++i) {
       PathSpec spec;
@@ -180,6 +194,10 @@ class VerbsPairTest : public ::testing::Test {
     if (t0_) t0_->shutdown();
     EXPECT_LT(Clock::now() - start, seconds(10)) << "shutdown took too long";
   }
+
+  virtual bool busyPoll() const { return false; }
+  // Writes `bytes` back and forth `iterations` times (see the test below).
+  void chunkedIterations(size_t bytes, uint32_t iterations);
 
   std::vector<std::string> vnics_;
   std::vector<std::string> endpoints_;
@@ -290,8 +308,7 @@ bool chunkedWrite(Transport& from, int to_rank, RecordingSink& from_sink, const 
   }
 }
 
-TEST_F(VerbsPairTest, ChunkedWritesSpreadOverFourPathsLandByteForByte) {
-  constexpr size_t kBytes = 8 << 20;
+void VerbsPairTest::chunkedIterations(size_t kBytes, uint32_t iterations) {
   const size_t chunks = (kBytes + kChunk - 1) / kChunk;
   Buffer a_src(kBytes), a_dst(kBytes), b_src(kBytes), b_dst(kBytes);
   // Registered once, reused by every iteration (what the registration cache
@@ -301,7 +318,7 @@ TEST_F(VerbsPairTest, ChunkedWritesSpreadOverFourPathsLandByteForByte) {
   const Region r0_src = t0_->registerMemory(b_src.data, kBytes);
   const Region r1_dst = t1_->registerMemory(b_dst.data, kBytes);
 
-  for (uint32_t iter = 0; iter < 4; ++iter) {
+  for (uint32_t iter = 0; iter < iterations; ++iter) {
     // Even iterations: rank 1 (connecting side) writes to rank 0; odd ones the
     // other way, over the same QPs.
     const bool forward = iter % 2 == 0;
@@ -325,7 +342,8 @@ TEST_F(VerbsPairTest, ChunkedWritesSpreadOverFourPathsLandByteForByte) {
     ASSERT_TRUE(to_sink.waitFor([&] { return to_sink.arrivals_.size() - arrivals_before >= chunks; }))
         << "only " << to_sink.arrivals_.size() - arrivals_before << " of " << chunks << " immediates arrived";
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-    std::printf("[ info     ] iteration %u: %zu chunks, %.1f MB/s\n", iter, chunks, kBytes / secs / 1e6);
+    std::printf("[ info     ] iteration %u: %zu chunks, %.1f MB/s%s\n", iter, chunks, kBytes / secs / 1e6,
+                busyPoll() ? " (busy poll)" : "");
 
     std::vector<int> seen(chunks, 0);
     {
@@ -350,7 +368,7 @@ TEST_F(VerbsPairTest, ChunkedWritesSpreadOverFourPathsLandByteForByte) {
     std::map<uint64_t, int> count;
     for (const auto& c : s1_.completions_) count[c.wr_id] += c.ok ? 1 : 100;
     for (const auto& c : s0_.completions_) count[c.wr_id] += c.ok ? 1 : 100;
-    EXPECT_EQ(count.size(), 4 * chunks);
+    EXPECT_EQ(count.size(), iterations * chunks);
     for (const auto& entry : count) EXPECT_EQ(entry.second, 1) << "wr_id " << entry.first;
     EXPECT_TRUE(s0_.errors_.empty() && s1_.errors_.empty());
   }
@@ -359,6 +377,17 @@ TEST_F(VerbsPairTest, ChunkedWritesSpreadOverFourPathsLandByteForByte) {
   t0_->deregisterMemory(r0_src);
   t1_->deregisterMemory(r1_dst);
 }
+
+TEST_F(VerbsPairTest, ChunkedWritesSpreadOverFourPathsLandByteForByte) { chunkedIterations(8 << 20, 4); }
+
+// The same with the progress threads spinning on the CQ instead of sleeping
+// on the completion channel.
+class VerbsBusyPollTest : public VerbsPairTest {
+ protected:
+  bool busyPoll() const override { return true; }
+};
+
+TEST_F(VerbsBusyPollTest, ChunkedWritesLandByteForByte) { chunkedIterations(2 << 20, 2); }
 
 // ---- control messages ---------------------------------------------------------------
 
@@ -510,6 +539,74 @@ TEST_F(VerbsPairTest, ClosePathRaisesOnceAndFlushesLaterWrites) {
   EXPECT_EQ(s0_.errors_[0].path, 3);
 }
 
+// A path that failed comes back with reconnect() from the side that opened
+// it: a new QP from the same alias to the same endpoint; both sides hear
+// onPathUp after the old connection's onPathError, and writes flow again.
+TEST_F(VerbsPairTest, ReconnectBringsAFailedPathBack) {
+  constexpr int kPath = 1;
+  ibv_qp* old_qp = verbsPathQp(*t1_, 0, kPath);
+  const uint32_t old_qpn = old_qp->qp_num;
+  // Start-up raised one onPathUp per path; count from here.
+  size_t ups_before[2];
+  {
+    std::lock_guard<std::mutex> l0(s0_.mu_), l1(s1_.mu_);
+    ups_before[0] = s0_.ups_.size();
+    ups_before[1] = s1_.ups_.size();
+  }
+  t1_->closePath(0, kPath, "test takes path 1 down");
+  ASSERT_TRUE(s1_.waitFor([&] { return !s1_.errors_.empty(); }, seconds(10)));
+  ASSERT_TRUE(s0_.waitFor([&] { return !s0_.errors_.empty(); }, seconds(15))) << "the peer never saw the close";
+  EXPECT_THROW(t0_->reconnect(1, kPath, in(seconds(5))), Error) << "rank 0 did not open that path";
+
+  ASSERT_TRUE(t1_->reconnect(0, kPath, in(seconds(20))));
+  ASSERT_TRUE(s1_.waitFor([&] { return s1_.ups_.size() > ups_before[1]; }, seconds(10)))
+      << "no onPathUp on the reconnecting side";
+  ASSERT_TRUE(s0_.waitFor([&] { return s0_.ups_.size() > ups_before[0]; }, seconds(10)))
+      << "no onPathUp on the accepting side";
+  int side = 0;
+  for (RecordingSink* sink : {&s0_, &s1_}) {
+    std::lock_guard<std::mutex> lock(sink->mu_);
+    ASSERT_EQ(sink->ups_.size(), ups_before[side] + 1);
+    const auto& up = sink->ups_.back();
+    EXPECT_EQ(up.path, kPath);
+    EXPECT_EQ(sink->errors_.size(), 1u);
+    EXPECT_GT(up.seq, sink->errors_[0].seq) << "onPathUp before the old connection's onPathError";
+    ++side;
+  }
+  ibv_qp* new_qp = verbsPathQp(*t1_, 0, kPath);
+  ASSERT_NE(new_qp, nullptr);
+  EXPECT_NE(new_qp->qp_num, old_qpn);
+  expectQpOnAlias(new_qp, vnics_[kPath], "reconnected path");
+
+  constexpr size_t kBytes = 256 << 10;
+  Buffer src(kBytes), dst(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) src.data[i] = static_cast<uint8_t>(i * 29);
+  const Region local = t1_->registerMemory(src.data, kBytes);
+  const Region remote = t0_->registerMemory(dst.data, kBytes);
+  WriteRequest req;
+  req.local = local;
+  req.src = src.data;
+  req.length = kBytes;
+  req.remote = toRemote(remote);
+  req.with_imm = true;
+  req.imm = 0xbeef;
+  req.wr_id = 9;
+  t1_->postWrite(0, kPath, req);
+  ASSERT_TRUE(s0_.waitFor([&] { return !s0_.arrivals_.empty(); }, seconds(20)));
+  EXPECT_EQ(s0_.arrivals_[0].imm, 0xbeefu);
+  EXPECT_EQ(std::memcmp(src.data, dst.data, kBytes), 0);
+  const std::string reply = "pong";
+  t0_->postSend(1, kPath, reply.data(), reply.size());  // the accepting side uses the new QP too
+  ASSERT_TRUE(s1_.waitFor([&] { return !s1_.messages_.empty(); }, seconds(20)));
+}
+
+TEST_F(VerbsPairTest, ProbeRoutesSaysWhyNot) {
+  std::string why;
+  const auto hops = t1_->probeRoutes({{0, 0}, {0, 1}}, 1, in(seconds(1)), &why);
+  EXPECT_EQ(hops, std::vector<std::string>(2));
+  EXPECT_NE(why.find("cannot probe"), std::string::npos) << why;
+}
+
 TEST_F(VerbsPairTest, ShutdownWithWritesInFlightDoesNotHang) {
   constexpr size_t kBytes = 4 << 20;
   Buffer src(kBytes), dst(kBytes);
@@ -528,6 +625,132 @@ TEST_F(VerbsPairTest, ShutdownWithWritesInFlightDoesNotHang) {
   }
   // TearDown shuts both down at once and bounds the time it takes; the
   // regions are released by shutdown itself.
+}
+
+// A peer address that vanishes (the alias the passive side of path 2
+// listens on is removed, so its ACKs no longer come back) fails that path
+// with RETRY_EXC_ERR once the RC retries are spent (~0.5 s at ACK timeout
+// 14, retry count 6): one path error, the write flushed, and the paths that
+// do not touch that address keep working. Changes the VM's addresses, so it
+// runs only inside the harness (as root).
+TEST_F(VerbsPairTest, VanishedPeerAddressFailsOnlyItsPath) {
+  const std::string nic = std::getenv("MAESTRO_SOFTROCE_NIC") ? std::getenv("MAESTRO_SOFTROCE_NIC") : "";
+  if (nic.empty() || geteuid() != 0) GTEST_SKIP() << "only inside the Soft-RoCE VM (changes its addresses)";
+  constexpr size_t kBytes = 256 << 10;
+  Buffer src(kBytes), dst(kBytes);
+  const Region local = t1_->registerMemory(src.data, kBytes);
+  const Region remote = t0_->registerMemory(dst.data, kBytes);
+  // vnics_[3]: the remote end of path 2 (and the local end of path 3). Not
+  // vnics_[0]: deleting a subnet's primary address takes the secondaries along.
+  const std::string gone = vnics_[3];
+  ASSERT_EQ(std::system(("ip addr del " + gone + "/24 dev " + nic).c_str()), 0);
+  struct Restore {  // whatever happens, the next test gets its alias and GID back
+    std::string ip, nic;
+    ~Restore() {
+      (void)!std::system(("ip addr add " + ip + "/24 dev " + nic + " 2>/dev/null").c_str());
+      GidEntry entry;
+      for (int i = 0; i < 100 && !findRoceV2Gid(ip, &entry); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } restore{gone, nic};
+
+  WriteRequest req;
+  req.local = local;
+  req.src = src.data;
+  req.length = kBytes;
+  req.remote = toRemote(remote);
+  req.with_imm = true;
+  req.wr_id = 31;
+  const auto start = Clock::now();
+  t1_->postWrite(0, 2, req);
+  ASSERT_TRUE(s1_.waitFor([&] { return !s1_.errors_.empty() && !s1_.completions_.empty(); }, seconds(30)))
+      << "the write to a vanished address never failed";
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  {
+    std::lock_guard<std::mutex> lock(s1_.mu_);
+    EXPECT_EQ(s1_.errors_.size(), 1u);
+    EXPECT_EQ(s1_.errors_[0].path, 2);
+    EXPECT_NE(s1_.errors_[0].what.find("RDMA write on path 2"), std::string::npos) << s1_.errors_[0].what;
+    EXPECT_NE(s1_.errors_[0].what.find(ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR)), std::string::npos)
+        << s1_.errors_[0].what;
+    EXPECT_EQ(s1_.completions_[0].wr_id, 31u);
+    EXPECT_FALSE(s1_.completions_[0].ok);
+    std::printf("[ info     ] failed after %.2f s: %s\n", secs, s1_.errors_[0].what.c_str());
+  }
+  // Path 0 (vnics 0 -> 1) is untouched.
+  req.wr_id = 32;
+  req.imm = 0x1111;
+  t1_->postWrite(0, 0, req);
+  ASSERT_TRUE(s1_.waitFor([&] {
+    for (const auto& c : s1_.completions_) if (c.wr_id == 32) return c.ok;
+    return false;
+  }, seconds(30)));
+}
+
+// Registering beyond RLIMIT_MEMLOCK fails with a message that names the
+// limit and how to raise it. Root ignores the limit while it holds
+// CAP_IPC_LOCK, so a child drops that capability (from its bounding set too,
+// so it stays dropped across exec), lowers the limit and re-executes this
+// binary to run VerbsMemlockChild alone. Re-executing, not just forking: a
+// forked child would share the parent's already opened verbs contexts,
+// which libibverbs does not support and which can corrupt the parent.
+TEST(VerbsMemlock, RegistrationBeyondTheLimitSaysHowToRaiseIt) {
+  if (rdmaDeviceNames().empty()) GTEST_SKIP() << "no RDMA device";
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to drop CAP_IPC_LOCK deterministically";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2] = {};
+    rlimit limit{64 << 10, 64 << 10};
+    if (prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0 || syscall(SYS_capget, &header, caps) != 0) _exit(90);
+    caps[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    caps[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+    caps[CAP_IPC_LOCK / 32].inheritable &= ~(1u << (CAP_IPC_LOCK % 32));
+    if (syscall(SYS_capset, &header, caps) != 0 || setrlimit(RLIMIT_MEMLOCK, &limit) != 0) _exit(91);
+    setenv("MAESTRO_VERBS_MEMLOCK_CHILD", "1", 1);
+    char filter[] = "--gtest_filter=DISABLED_VerbsMemlockChild.*";
+    char also_disabled[] = "--gtest_also_run_disabled_tests";
+    char self[] = "/proc/self/exe";
+    char* argv[] = {self, filter, also_disabled, nullptr};
+    execv(self, argv);
+    _exit(92);
+  }
+  close(fds[1]);
+  std::string output;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) output.append(buf, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status << ":\n" << output;
+  const size_t at = output.find("memlock message: ");
+  ASSERT_NE(at, std::string::npos) << output;
+  const std::string message = output.substr(at, output.find('\n', at) - at);
+  EXPECT_NE(message.find("RLIMIT_MEMLOCK, now 64 KiB"), std::string::npos) << message;
+  EXPECT_NE(message.find("ulimit -l unlimited"), std::string::npos) << message;
+  EXPECT_NE(message.find("LimitMEMLOCK"), std::string::npos) << message;
+  std::printf("[ info     ] %s\n", message.c_str());
+}
+
+// The child half of the test above. DISABLED_: it runs only when the test
+// above re-executes the binary for it (it needs the lowered limit).
+TEST(DISABLED_VerbsMemlockChild, RegisterUnderLowLimit) {
+  ASSERT_NE(std::getenv("MAESTRO_VERBS_MEMLOCK_CHILD"), nullptr) << "runs only as VerbsMemlock's child";
+  RecordingSink sink;
+  auto t = makeVerbsTransport(optionsFor(0, &sink));
+  std::vector<uint8_t> big(8 << 20, 1);
+  try {
+    t->registerMemory(big.data(), big.size());
+    FAIL() << "registered 8 MiB under a 64 KiB memlock limit";
+  } catch (const Error& e) {
+    std::printf("memlock message: %s\n", e.what());
+  }
 }
 
 // ---- connection setup ----------------------------------------------------------------

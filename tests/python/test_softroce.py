@@ -1,0 +1,66 @@
+"""The verbs transport on real rdma-core, over Soft-RoCE in a QEMU VM
+(scripts/softroce/run.sh). Needs root (the harness installs QEMU, a kernel
+and rdma-core, and the VM loads rdma_rxe); without it these tests skip and
+say why -- they are never counted as passed without running."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HARNESS = os.path.join(ROOT, "scripts", "softroce", "run.sh")
+BUILD = os.path.join(ROOT, "build", "verbs")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the Soft-RoCE harness needs root (QEMU, rdma_rxe)")
+
+
+@pytest.fixture(scope="module")
+def verbs_tests_binary():
+    """The C++ verbs tests, built on the host (the VM runs host binaries)."""
+    subprocess.run(["cmake", "-S", ROOT, "-B", BUILD, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                    "-DMAESTRO_WITH_VERBS=ON", "-DMAESTRO_BUILD_TESTS=ON"], check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", BUILD, "--target", "maestro_verbs_tests", "-j", str(os.cpu_count() or 2)],
+                   check=True, capture_output=True)
+    return os.path.join(BUILD, "maestro_verbs_tests")
+
+
+def harness(*args, timeout=900):
+    p = subprocess.run([HARNESS, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    print(p.stdout[-6000:], p.stderr[-3000:], sep="\n")
+    return p
+
+
+def gtest_summary(output):
+    passed = re.search(r"\[  PASSED  \] (\d+) tests?", output)
+    skipped = re.search(r"\[  SKIPPED \] (\d+) tests?", output)
+    failed = re.search(r"\[  FAILED  \] (\d+) tests?", output)
+    return (int(passed.group(1)) if passed else 0, int(skipped.group(1)) if skipped else 0,
+            int(failed.group(1)) if failed else 0)
+
+
+def test_verbs_transport_in_one_vm(verbs_tests_binary):
+    p = harness("--", verbs_tests_binary, "--gtest_filter=-VerbsTwoVms.*")
+    assert p.returncode == 0, "verbs tests failed in the VM"
+    passed, skipped, failed = gtest_summary(p.stdout)
+    assert failed == 0 and skipped == 0, f"{failed} failed, {skipped} skipped"
+    assert passed >= 18, f"only {passed} verbs tests ran"
+
+
+def test_verbs_between_two_vms(verbs_tests_binary):
+    p = harness("--two-vms", "--", verbs_tests_binary, "--gtest_filter=VerbsTwoVms.*")
+    assert p.returncode == 0, "the two-VM run failed"
+    assert p.stdout.count("[  PASSED  ] 1 test") == 2, "both VMs must run the two-VM test"
+
+
+def test_torch_over_verbs_in_the_vm():
+    import maestro_torch
+
+    if not maestro_torch._C.has_verbs:
+        pytest.fail("maestro_torch was built without the verbs transport although this test runs as root: "
+                    "install libibverbs-dev and librdmacm-dev and rebuild (scripts/test.sh does)")
+    env_python = sys.executable
+    p = harness("--timeout", "540", "--", env_python, "tests/softroce/torch_over_verbs.py", timeout=900)
+    assert p.returncode == 0 and "torch over verbs: PASS" in p.stdout
