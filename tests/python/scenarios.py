@@ -94,6 +94,13 @@ def bad_knob(rank, world):
     return {"error": _error_of(lambda: dist.init_process_group("maestro", timeout=datetime.timedelta(seconds=30)))}
 
 
+def verbs_without_device(rank, world):
+    import maestro_torch  # noqa: F401
+
+    err = _error_of(lambda: dist.init_process_group("maestro", timeout=datetime.timedelta(seconds=60)))
+    return {"error": err}
+
+
 def entry_point_without_import(rank, world):
     # No `import maestro_torch`: torch finds the backend through the
     # torch.distributed.backends entry point.

@@ -80,6 +80,19 @@ def test_group_wide_knob_differing_between_ranks_fails_every_rank():
         assert "chunk_size=51200" in v["error"] and "chunk_size=65536" in v["error"], v["error"]
 
 
+def test_verbs_requested_without_an_rdma_device_fails_clearly():
+    import maestro_torch
+
+    if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
+        pytest.skip("this host has an RDMA device")
+    results = run_ranks(2, scenarios.verbs_without_device, env={"MAESTRO_TRANSPORT": "verbs"}, timeout=120)
+    for rank, v in enumerate(ok_values(results)):
+        if maestro_torch._C.has_verbs:
+            assert "MAESTRO_TRANSPORT=verbs, but no RDMA device" in v["error"], f"rank {rank}: {v['error']!r}"
+        else:
+            assert "has no verbs transport" in v["error"], f"rank {rank}: {v['error']!r}"
+
+
 def test_options_validate_at_construction():
     import maestro_torch
 

@@ -60,6 +60,14 @@ def rank_main(rank, world, port, out):
             assert gid == roce_gid_index(local), f"path {s['path']}: QP uses GID {gid}, alias {local} has {roce_gid_index(local)}"
             assert s["bytes_sent"] + s["bytes_received"] > 0 or s["path"] >= 0
             checked.append((s["path"], local, gid))
+        if rank == 0:
+            # maestro-vnic shows every alias with the GID index its QP uses.
+            from maestro_torch import vnic
+
+            listing = vnic.describe(os.environ["MAESTRO_SOFTROCE_NIC"])
+            for ip in vnics:
+                line = next((l for l in listing.splitlines() if f" {ip}/" in l), "")
+                assert f"RoCEv2 GID index {roce_gid_index(ip)}" in line, f"maestro-vnic list: {line!r}\n{listing}"
         dist.barrier()
         dist.destroy_process_group()
         out.put((rank, "ok", f"{time.time() - t0:.0f} s, paths {sorted(checked)}"))
