@@ -101,6 +101,7 @@ PREF_FLOW = 50            # per-flow pinning rules (background traffic)
 PREF_FROM = 100           # pinned mode: from alias
 PREF_TO = 101             # pinned mode: to alias
 SPINE_FALLBACK = "10.1.0.0/16"
+GSO_SKB_MAX = 65536 + 4096  # a full GSO skb with its headers, rounded up
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 _SELF = os.path.abspath(__file__)
 
@@ -696,8 +697,13 @@ class Lab:
     def _tbf(self, dev, mbit):
         if mbit is None:
             return f"qdisc del dev {dev} root"
-        burst = max(int(mbit * 125), 65536)            # >= 1 ms of traffic and >= one GSO skb
-        queue = max(int(mbit * 125 * self.cfg.queue_ms), 65536)  # queue_ms deep, >= one GSO skb
+        # >= 1 ms of traffic, and >= one whole GSO skb: a 64 KiB TCP payload
+        # plus its headers is a little over 65536 bytes, and tbf splits any skb
+        # larger than its burst into MTU-sized packets -- which multiplies the
+        # packets every later hop must forward and made the lab CPU-bound
+        # (softirq ~60% of both cores at 200 Mbit) well below its link rates.
+        burst = max(int(mbit * 125), GSO_SKB_MAX)
+        queue = max(int(mbit * 125 * self.cfg.queue_ms), GSO_SKB_MAX)  # queue_ms deep, >= one GSO skb
         return f"qdisc replace dev {dev} root tbf rate {mbit:g}mbit burst {burst} limit {burst + queue}"
 
     def _tc(self, per_ns: dict):
