@@ -23,12 +23,9 @@ void barrier(multipath::Engine& engine, uint64_t seq, Deadline deadline) {
     } catch (const Error& e) {
       ctx.abort(e.what());
     }
-    ctx.run(
-        [&] {
-          ctx.checkPeer(from);
-          return engine.takeControl(from, {multipath::ControlType::kBarrier, seq, round}, nullptr);
-        },
-        [&] { return strcat("rank ", from, " to reach the barrier (round ", round, ")"); });
+    ctx.run([&] { return engine.takeControl(from, {multipath::ControlType::kBarrier, seq, round}, nullptr); },
+            [&] { return strcat("rank ", from, " to reach the barrier (round ", round, ")"); },
+            [&] { return std::vector<int>{from}; });
   }
 }
 

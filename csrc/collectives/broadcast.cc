@@ -68,8 +68,16 @@ void broadcast(multipath::Engine& engine, uint64_t seq, const Window& tensor, ui
     return strcat(waiting_recv, " of ", G, " segments from rank ", ctx.left(), ", ", G - next,
                   " segments not yet forwarded to rank ", ctx.right());
   };
+  auto depends = [&]() {
+    std::vector<int> peers;
+    if (waiting_recv > 0) peers.push_back(ctx.left());
+    bool writing = next < G;
+    for (const auto& s : sends) writing = writing || !s->done();
+    if (writing) peers.push_back(ctx.right());
+    return peers;
+  };
   try {
-    ctx.run(step, waiting);
+    ctx.run(step, waiting, depends);
   } catch (...) {
     for (auto& op : recv)
       if (op) engine.release(op);

@@ -72,11 +72,10 @@ void OpContext::abort(const std::string& reason) {
   throw Error(msg);
 }
 
-void OpContext::checkHealth() {
+void OpContext::checkHealth(const std::vector<int>& peers) {
   std::string reason;
   if (engine_.abortFor(seq_, &reason)) throw Error(reason);
-  checkPeer(left());
-  checkPeer(right());
+  for (int peer : peers) checkPeer(peer);
 }
 
 void OpContext::checkPeer(int peer) {
@@ -87,11 +86,12 @@ void OpContext::checkPeer(int peer) {
   }
 }
 
-void OpContext::run(const std::function<bool()>& step, const std::function<std::string()>& waiting_for) {
+void OpContext::run(const std::function<bool()>& step, const std::function<std::string()>& waiting_for,
+                    const std::function<std::vector<int>()>& depends) {
   for (;;) {
     uint64_t seen = engine_.eventCount();
-    checkHealth();
     if (step()) return;
+    checkHealth(depends());
     if (!engine_.waitEvent(seen, deadline_) && Clock::now() >= deadline_) {
       std::string msg = strcat("maestro ", name(), " timed out on rank ", rank(), " (", describe(desc_),
                                ") while waiting for ", waiting_for(),
@@ -129,7 +129,8 @@ std::vector<RemoteWindow> OpContext::handshake(const std::vector<Window>& window
   }
   std::vector<uint8_t> theirs;
   run([&] { return engine_.takeControl(right(), {multipath::ControlType::kDesc, seq_, 0}, &theirs); },
-      [&] { return strcat("rank ", right(), " to start the same collective"); });
+      [&] { return strcat("rank ", right(), " to start the same collective"); },
+      [&] { return std::vector<int>{right()}; });
   OpDesc other;
   if (theirs.size() < sizeof(OpDesc) || (theirs.size() - sizeof(OpDesc)) % sizeof(WireRegion) != 0)
     abort(strcat("malformed operation descriptor from rank ", right()));

@@ -78,15 +78,18 @@ class OpContext {
 
   // Drive the operation: call step() (non-blocking progress) until it
   // returns true, sleeping on engine events in between. Throws on an abort
-  // from any rank, an unreachable neighbour or the deadline; `waiting_for`
-  // describes the state for the timeout message.
-  void run(const std::function<bool()>& step, const std::function<std::string()>& waiting_for);
+  // from any rank, on a peer the operation still depends on becoming
+  // unreachable (`depends` lists them: a neighbour that finished its part
+  // and left is no error), or at the deadline; `waiting_for` describes the
+  // state for the timeout message.
+  void run(const std::function<bool()>& step, const std::function<std::string()>& waiting_for,
+           const std::function<std::vector<int>()>& depends);
 
   // Raise an error on this rank and abort the operation on every rank.
   [[noreturn]] void abort(const std::string& reason);
 
  private:
-  void checkHealth();
+  void checkHealth(const std::vector<int>& peers);
 
   multipath::Engine& engine_;
   const uint64_t seq_;

@@ -147,10 +147,11 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
       engine.release(recv[k]);
       recv[k].reset();
       if (isRS(k)) {
+        // Best effort: the writer waits for its credits and fails on its own
+        // if it cannot get them; our progress does not depend on this.
         try {
           engine.sendControl(L, ControlType::kCredit, ctx.seq(), k);
-        } catch (const Error& e) {
-          ctx.abort(e.what());
+        } catch (const Error&) {
         }
       }
       pending[i] = pending.back();
@@ -183,8 +184,18 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     return strcat(pending.size(), " of ", total, " messages from rank ", L, ", ", unsent,
                   " unacknowledged writes to rank ", R, ", ", total - next, " messages not yet posted");
   };
+  // We depend on the left neighbour while its messages are missing, on the
+  // right one while we still write to it (or wait for its credits).
+  auto depends = [&]() {
+    std::vector<int> peers;
+    if (!pending.empty()) peers.push_back(L);
+    bool writing = next < total;
+    for (const auto& s : sends) writing = writing || !s->done();
+    if (writing) peers.push_back(R);
+    return peers;
+  };
   try {
-    ctx.run(step, waiting);
+    ctx.run(step, waiting, depends);
   } catch (...) {
     for (auto& op : recv)
       if (op) engine.release(op);
