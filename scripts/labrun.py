@@ -37,10 +37,9 @@ def rank_env(lab, host: int, world: int, port: int, extra: dict | None = None) -
     return env
 
 
-def run(lab, script_argv: list[str], *, world: int | None = None, env: dict | None = None,
-        rank_env_extra: dict | None = None, timeout: float = 600, python: str | None = None) -> list[RankResult]:
-    """Run `python script_argv...` as rank i on host i for i < world; returns
-    every rank's exit code and output. Kills everything at the timeout."""
+def start(lab, script_argv: list[str], *, world: int | None = None, env: dict | None = None,
+          rank_env_extra: dict | None = None, python: str | None = None) -> list[subprocess.Popen]:
+    """Start `python script_argv...` as rank i on host i for i < world."""
     world = world or lab.cfg.hosts
     port = random.randint(20000, 40000)
     python = python or sys.executable
@@ -49,6 +48,26 @@ def run(lab, script_argv: list[str], *, world: int | None = None, env: dict | No
         e = rank_env(lab, host, world, port, {**(env or {}), **(rank_env_extra or {}).get(host, {})})
         procs.append(lab.popen(host, [python] + script_argv, env=e, cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
+    """Read proc's stdout until a line starting with prefix (returns it)."""
+    import select
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(prefix):
+                return line
+    raise TimeoutError(f"no line starting with {prefix!r} within {timeout} s")
+
+
+def wait(procs: list[subprocess.Popen], timeout: float) -> list[RankResult]:
+    """Wait for every rank; kill them all at the timeout."""
     deadline = time.monotonic() + timeout
     results = []
     for host, p in enumerate(procs):
@@ -61,3 +80,9 @@ def run(lab, script_argv: list[str], *, world: int | None = None, env: dict | No
             err += f"\nlabrun: killed after {timeout} s"
         results.append(RankResult(host, p.returncode, out, err))
     return results
+
+
+def run(lab, script_argv: list[str], *, timeout: float = 600, **kw) -> list[RankResult]:
+    """Run `python script_argv...` as rank i on host i for i < world; returns
+    every rank's exit code and output. Kills everything at the timeout."""
+    return wait(start(lab, script_argv, **kw), timeout)

@@ -33,6 +33,8 @@ py::list pathStatsToPython(const std::vector<multipath::PathStats>& stats) {
     d["chunk_time_s"] = s.completion_time;
     d["rtt_s"] = s.rtt;
     d["last_error"] = s.last_error;
+    d["route"] = s.route;
+    d["reconnects"] = s.reconnects;
     out.append(d);
   }
   return out;

@@ -128,7 +128,7 @@ std::vector<Knob> buildKnobs() {
                        " must be a multiple of 64 between 4096 and 64M");
          c.chunk_size = s;
        }},
-      {"policy", "MAESTRO_POLICY", "round_robin",
+      {"policy", "MAESTRO_POLICY", "adaptive",
        "load balancer: round_robin, weighted, adaptive, latency, single", true,
        [](const Config& c) { return std::string(policyName(c.policy)); },
        [](Config& c, const std::string& v) {

@@ -29,7 +29,7 @@ struct Config {
   std::string ifname;                   // take the vNICs from this interface
   int paths = 0;                        // paths per peer; 0 = one per vNIC
   size_t chunk_size = 50 * 1024;        // bytes per chunk (paper: 50 KB)
-  Policy policy = Policy::kRoundRobin;
+  Policy policy = Policy::kAdaptive;     // ACK clocking: faster paths carry more
   std::vector<double> weights;          // for policy=weighted (empty: measured)
   int window = 8;                       // chunks in flight per path (paper: 8 WRs)
   size_t segment_size = 1 << 20;        // pipeline unit of the collectives

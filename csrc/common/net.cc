@@ -122,6 +122,9 @@ int listenOn(const std::string& ip, uint16_t port, int backlog) {
   MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // Route discovery probes the reverse direction of a path with a SYN from
+  // this listener's own address and port.
+  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   if (::bind(fd, addr.get(), addr.length) != 0) {
     int err = errno;
     ::close(fd);
@@ -151,6 +154,7 @@ int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline de
   if (local_port != 0) {
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   }
   if (::bind(fd, local.get(), local.length) != 0) bail(strcat("bind: ", errnoText(errno)));
   int flags = fcntl(fd, F_GETFL);
@@ -217,6 +221,41 @@ bool waitReadable(int fd, Deadline deadline) {
     if (r > 0) return true;
     if (r < 0 && errno != EINTR) fail("poll: ", errnoText(errno));
   }
+}
+
+int bindReusable(const SockAddr& addr) {
+  int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  if (::bind(fd, addr.get(), addr.length) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("cannot bind ", addr.str(), ": ", errnoText(err));
+  }
+  return fd;
+}
+
+int startProbe(const SockAddr& local, const SockAddr& remote, int ttl) {
+  MAESTRO_CHECK(local.family() == AF_INET && remote.family() == AF_INET, "route probes are implemented for IPv4");
+  int fd = bindReusable(local);
+  int on = 1;
+  setsockopt(fd, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
+  setsockopt(fd, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  if (::connect(fd, remote.get(), remote.length) != 0 && errno != EINPROGRESS) {
+    int err = errno;
+    ::close(fd);
+    fail("probe ", local.str(), " -> ", remote.str(), ": ", errnoText(err));
+  }
+  return fd;
+}
+
+void closeWithReset(int fd) {
+  linger l{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::close(fd);
 }
 
 std::string readIcmpOffender(int fd) {

@@ -34,6 +34,15 @@ int listenOn(const std::string& ip, uint16_t port, int backlog = 128);
 // Connect from local_ip (bind before connect, ephemeral port) to `remote`
 // before the deadline. Throws maestro::Error saying which address failed.
 int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline, uint16_t local_port = 0);
+// A TCP socket bound to `addr` with SO_REUSEADDR and SO_REUSEPORT, so that a
+// route probe can share its address and port (discovery).
+int bindReusable(const SockAddr& addr);
+// A TTL-limited SYN from `local` (bound with reuse) to `remote`, non-blocking
+// and with IP_RECVERR on: the router where the TTL runs out answers with an
+// ICMP time-exceeded that readIcmpOffender() returns. Returns the fd.
+int startProbe(const SockAddr& local, const SockAddr& remote, int ttl);
+// Close without TIME_WAIT (an RST): the port can be reused at once.
+void closeWithReset(int fd);
 // Read one ICMP error from the socket's error queue (IP_RECVERR); returns
 // the address of the router that sent it, or "" if it was not an ICMP
 // time-exceeded.

@@ -565,6 +565,16 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         }
         return;
       }
+      case ControlType::kPathDown: {
+        bool close = false;
+        {
+          std::lock_guard<std::mutex> lock(p.mu);
+          int slot = slotOf(p, static_cast<int>(h.sub));
+          close = slot >= 0 && p.paths[slot].up;
+        }
+        if (close) mesh_.transport->closePath(peer, static_cast<int>(h.sub), "the peer found this path dead");
+        return;
+      }
       case ControlType::kBye: {
         std::lock_guard<std::mutex> lock(p.mu);
         p.left = true;
@@ -631,8 +641,16 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
       slot.up = false;
       slot.errors++;
       slot.last_error = what;
-      if (p.left) MAESTRO_INFO("path ", path, " to rank ", peer, " closed: the rank left the group");
-      else MAESTRO_WARN("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
+      if (p.left) {
+        MAESTRO_INFO("path ", path, " to rank ", peer, " closed: the rank left the group");
+      } else {
+        MAESTRO_WARN("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
+        // The peer may not notice (a blackhole swallows our close) and only
+        // the path's opener reconnects: tell it over a live path.
+        std::lock_guard<std::mutex> lock(monitor_mu_);
+        down_notices_.emplace_back(peer, slot.id);
+        monitor_cv_.notify_all();
+      }
     }
     // Chunks queued on it move to the live paths; the ones in flight come
     // back as flushed completions and move then.
@@ -668,11 +686,20 @@ void Engine::monitorLoop() {
   auto last_tick = Clock::now();
   auto last_probe = Clock::now();
   while (!stopping_) {
+    std::vector<std::pair<int, int>> notices;
     {
       std::unique_lock<std::mutex> lock(monitor_mu_);
-      monitor_cv_.wait_for(lock, tick, [&] { return stopping_.load(); });
+      monitor_cv_.wait_for(lock, tick, [&] { return stopping_.load() || !down_notices_.empty(); });
+      notices.swap(down_notices_);
     }
     if (stopping_) break;
+    for (const auto& n : notices) {
+      try {
+        sendControl(n.first, ControlType::kPathDown, 0, static_cast<uint32_t>(n.second));
+      } catch (const Error&) {
+        // No live path to that peer: nothing to tell it over.
+      }
+    }
     auto now = Clock::now();
     double dt = seconds(now - last_tick);
     last_tick = now;

@@ -44,7 +44,10 @@
 namespace maestro {
 namespace multipath {
 
-enum class ControlType : uint8_t { kDesc = 1, kCredit = 2, kAbort = 3, kBarrier = 4, kPing = 5, kPong = 6, kBye = 7 };
+enum class ControlType : uint8_t {
+  kDesc = 1, kCredit = 2, kAbort = 3, kBarrier = 4, kPing = 5, kPong = 6, kBye = 7,
+  kPathDown = 8,  // "your path <sub> to me is dead": its opener reconnects
+};
 
 struct ControlKey {
   ControlType type;
@@ -190,6 +193,7 @@ class Engine : public transport::CompletionSink {
   std::atomic<bool> stopping_{false};
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;
+  std::vector<std::pair<int, int>> down_notices_;  // (peer, transport path) to report, monitor_mu_
   std::thread monitor_;
 };
 

@@ -48,8 +48,9 @@ void QpManager::publishError(const std::string& message) {
   // Under every step not yet published, and the rounds of the connection
   // phase: a peer waiting at any of them sees the error.
   std::vector<std::string> steps = kSteps;
+  steps.push_back("connected");
   for (int round = 0; round < 64; ++round) {
-    steps.push_back(strcat("connected.", round));
+    steps.push_back(strcat("candidates.", round));
     steps.push_back(strcat("routes.", round));
   }
   for (const auto& step : steps) {
@@ -119,6 +120,7 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     std::string mine;
     for (const auto& a : mesh.vnics.addresses) mine += (mine.empty() ? "" : ",") + a;
     std::vector<std::string> all_vnics = allGather("vnics", mine);
+    for (const auto& v : all_vnics) mesh.peer_vnics.push_back(splitList(v));
     if (config.paths > 0) {
       mesh.paths = config.paths;
     } else {
@@ -165,46 +167,187 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
   return mesh;
 }
 
-void QpManager::connectRange(const Config& config, Mesh& mesh,
-                             const std::vector<std::vector<std::string>>& endpoints, const std::vector<int>& peers,
-                             int from, int to, std::vector<std::vector<int>>* connected,
-                             std::vector<std::string>* errors) {
-  // Connect in parallel: a path whose link is down costs connect_timeout
-  // once, not once per path.
-  struct Attempt {
-    int peer, cand;
-    bool ok = false;
-    std::string error;
-  };
-  std::vector<Attempt> attempts;
-  for (int peer : peers)
-    for (int c = from; c < to; ++c) attempts.push_back({peer, c, false, ""});
+void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,
+                           const std::vector<Planned>& planned, std::vector<std::vector<int>>* connected,
+                           std::vector<std::string>* errors) {
+  // In parallel: a path whose link is down costs connect_timeout once, not
+  // once per path.
   auto until = std::min(deadline_, Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                       std::chrono::duration<double>(config.connect_timeout)));
+  std::vector<std::string> outcome(planned.size());
+  std::vector<char> ok(planned.size(), 0);
   std::vector<std::thread> threads;
-  for (auto& a : attempts)
-    threads.emplace_back([&, until] {
+  for (size_t i = 0; i < planned.size(); ++i)
+    threads.emplace_back([&, i, until] {
+      const Planned& p = planned[i];
       transport::PathSpec spec;
-      spec.peer = a.peer;
-      spec.path = a.cand;
-      spec.local_addr = mesh.vnics.addresses[a.cand % mesh.vnics.addresses.size()];
-      spec.remote_endpoint = endpoints[a.peer][a.cand % endpoints[a.peer].size()];
+      spec.peer = p.peer;
+      spec.path = p.path;
+      spec.local_addr = mesh.vnics.addresses[p.path % mesh.vnics.addresses.size()];
+      spec.remote_endpoint = endpoints[p.peer][p.path % endpoints[p.peer].size()];
+      spec.local_port = p.local_port;
       transport::Hello hello;
       std::memcpy(hello.secret, mesh.options.secret.data(), mesh.options.secret.size());
       hello.rank = rank_;
-      hello.path = a.cand;
+      hello.path = p.path;
       try {
         mesh.transport->connect(spec, hello, until);
-        a.ok = true;
+        ok[i] = 1;
       } catch (const Error& e) {
-        a.error = e.what();
+        outcome[i] = e.what();
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& a : attempts) {
-    if (a.ok) (*connected)[a.peer].push_back(a.cand);
-    else (*errors)[a.peer] += "\n  " + a.error;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    if (ok[i]) (*connected)[planned[i].peer].push_back(planned[i].path);
+    else (*errors)[planned[i].peer] += "\n  " + outcome[i];
   }
+}
+
+std::map<int, std::vector<int>> QpManager::discover(const Config& config, Mesh& mesh,
+                                                    const std::vector<std::vector<std::string>>& endpoints,
+                                                    std::map<int, std::vector<uint16_t>>* ports) {
+  // Candidates are 5-tuples, not connections: the opener reserves a source
+  // port per candidate; both ends send a TTL-limited SYN on their direction
+  // of it (the opener from the reserved port to the peer's listener, the
+  // other end from its listener back to the reserved port); the router where
+  // the SYN expires names the core path. Both ends publish what they found
+  // and run the same selection, so they agree on which candidates become
+  // the paths -- and only those are connected.
+  const int P = mesh.paths, cap = P * config.candidates, per_round = std::min(cap, 2 * P);
+  auto pairKey = [&](int a, int b) { return std::min(a, b) * size_ + std::max(a, b); };
+  std::map<int, std::vector<uint16_t>> cand_port;           // pair -> port of each candidate
+  std::map<int, std::vector<std::string>> fwd, bwd;         // pair -> hop of each candidate
+  std::map<int, bool> done;
+  for (int a = 0; a < size_; ++a)
+    for (int b = a + 1; b < size_; ++b) done[pairKey(a, b)] = false;
+  std::string why;
+  for (int round = 0;; ++round) {
+    const int from = round * per_round, to = std::min(cap, from + per_round);
+    // 1. The opener (lower rank) reserves this round's source ports.
+    std::string record;
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      if (done[pairKey(rank_, peer)]) continue;
+      record += strcat(peer, ":");
+      for (int c = from; c < to; ++c)
+        record += strcat(c == from ? "" : ",",
+                         mesh.transport->reservePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()]));
+      record += ";";
+    }
+    std::vector<std::string> records = allGather(strcat("candidates.", round), record);
+    // 2. Probe our direction of every new candidate we take part in.
+    std::vector<transport::RouteProbe> probes;
+    std::vector<std::pair<int, int>> which;  // (pair key, candidate), and we are the opener?
+    std::vector<bool> forward;
+    for (int r = 0; r < size_; ++r) {
+      size_t at = 0;
+      const std::string& rec = records[r];
+      while (at < rec.size()) {
+        size_t colon = rec.find(':', at), semi = rec.find(';', at);
+        int peer = std::stoi(rec.substr(at, colon - at));
+        int key = pairKey(r, peer);
+        int c = from;
+        for (const auto& p : splitList(rec.substr(colon + 1, semi - colon - 1))) {
+          uint16_t port = static_cast<uint16_t>(std::stoi(p));
+          auto& v = cand_port[key];
+          if (static_cast<int>(v.size()) <= c) v.resize(c + 1, 0);
+          v[c] = port;
+          const std::string opener = strcat(mesh.peer_vnics[r][c % mesh.peer_vnics[r].size()], ":", port);
+          const std::string listener = endpoints[peer][c % endpoints[peer].size()];
+          if (r == rank_) {  // we open it: probe towards the peer's listener
+            probes.push_back({opener, listener});
+            which.emplace_back(key, c);
+            forward.push_back(true);
+          } else if (peer == rank_) {  // we accept it: probe back from our listener
+            probes.push_back({listener, opener});
+            which.emplace_back(key, c);
+            forward.push_back(false);
+          }
+          ++c;
+        }
+        at = semi + 1;
+      }
+    }
+    std::string probe_why;
+    std::vector<std::string> hops =
+        probes.empty() ? std::vector<std::string>()
+                       : mesh.transport->probeRoutes(probes, config.probe_ttl,
+                                                     Clock::now() + std::chrono::milliseconds(1500), &probe_why);
+    if (!probe_why.empty()) why = probe_why;
+    std::string found;
+    for (size_t i = 0; i < probes.size(); ++i)
+      found += strcat(which[i].first, ":", which[i].second, ":", forward[i] ? "f" : "b", "=", hops[i], ";");
+    std::vector<std::string> all_found = allGather(strcat("routes.", round), found);
+    for (const auto& rec : all_found) {
+      size_t at = 0;
+      while (at < rec.size()) {
+        size_t c1 = rec.find(':', at), c2 = rec.find(':', c1 + 1), eq = rec.find('=', at), semi = rec.find(';', at);
+        int key = std::stoi(rec.substr(at, c1 - at));
+        int c = std::stoi(rec.substr(c1 + 1, c2 - c1 - 1));
+        auto& dir = rec[c2 + 1] == 'f' ? fwd[key] : bwd[key];
+        if (static_cast<int>(dir.size()) <= c) dir.resize(c + 1);
+        dir[c] = rec.substr(eq + 1, semi - eq - 1);
+        at = semi + 1;
+      }
+    }
+    // 3. Every rank decides for every pair, from the same data.
+    bool all_done = true;
+    for (auto& [key, is_done] : done) {
+      if (is_done) continue;
+      int a = key / size_, b = key % size_;
+      std::vector<Candidate> cands(to);
+      bool answers = false;
+      for (int c = 0; c < to; ++c) {
+        if (c < static_cast<int>(fwd[key].size())) cands[c].forward = fwd[key][c];
+        if (c < static_cast<int>(bwd[key].size())) cands[c].backward = bwd[key][c];
+        answers = answers || !cands[c].forward.empty() || !cands[c].backward.empty();
+      }
+      bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
+      if (!f && !w) f = w = true;  // not ring neighbours: both directions count alike
+      // Stop when disjoint, when probes get no answers (same leaf, ICMP
+      // filtered: more candidates would not help), or at the cap.
+      is_done = fullyDisjoint(selectDisjoint(cands, P, f, w), P, f, w) || !answers || to >= cap;
+      all_done = all_done && is_done;
+    }
+    if (all_done) break;
+  }
+  if (!why.empty()) MAESTRO_WARN("discovery: ", why);
+
+  // The selection of every pair we take part in; unused reserved ports go back.
+  std::map<int, std::vector<int>> chosen;
+  std::ostringstream report;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    int key = pairKey(rank_, peer), a = std::min(rank_, peer), b = std::max(rank_, peer);
+    int n = static_cast<int>(cand_port[key].size());
+    std::vector<Candidate> cands(n);
+    for (int c = 0; c < n; ++c) {
+      if (c < static_cast<int>(fwd[key].size())) cands[c].forward = fwd[key][c];
+      if (c < static_cast<int>(bwd[key].size())) cands[c].backward = bwd[key][c];
+    }
+    bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
+    if (!f && !w) f = w = true;
+    Selection sel = selectDisjoint(cands, P, f, w);
+    chosen[peer] = sel.chosen;
+    (*ports)[peer] = cand_port[key];
+    bool lower = rank_ < peer;
+    report << "\n  rank " << peer << ": " << n << " candidates, "
+           << (lower ? sel.distinct_forward : sel.distinct_backward) << " distinct outgoing core hops; paths via";
+    for (int c : sel.chosen) {
+      const std::string& hop = lower ? cands[c].forward : cands[c].backward;
+      report << " " << (hop.empty() ? "?" : hop);
+    }
+    if (lower) {
+      for (int c = 0; c < n; ++c)
+        if (std::find(sel.chosen.begin(), sel.chosen.end(), c) == sel.chosen.end())
+          mesh.transport->releasePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()], cand_port[key][c]);
+    }
+    std::vector<std::string> routes;
+    for (int c : sel.chosen) routes.push_back(lower ? cands[c].forward : cands[c].backward);
+    mesh.routes[peer] = routes;
+  }
+  mesh.discovery_report = report.str();
+  return chosen;
 }
 
 void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink* sink) {
@@ -218,167 +361,66 @@ void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink
     std::vector<std::vector<std::string>> endpoints;
     for (const auto& e : allGather("endpoints", mine)) endpoints.push_back(splitList(e));
 
-    const bool discover = config.discovery == "ttl";
     const int P = mesh.paths;
-    const int cap = discover ? P * config.candidates : P;
-    const int per_round = discover ? std::min(cap, 2 * P) : P;
     mesh.initiator.assign(size_, false);
-    std::vector<int> mine_to;  // peers this rank opens paths to: the higher ranks
-    for (int peer = rank_ + 1; peer < size_; ++peer) {
-      mesh.initiator[peer] = true;
-      mine_to.push_back(peer);
-    }
-
-    // pair (a < b): candidates opened, which connected, probed hops each way.
-    auto pairKey = [&](int a, int b) { return std::min(a, b) * size_ + std::max(a, b); };
-    std::map<int, int> opened;
-    std::map<int, std::vector<int>> connected;
-    std::map<int, std::vector<std::string>> fwd, bwd;  // indexed by candidate
-    std::map<int, bool> done;
-    std::vector<std::string> errors(size_);
-    for (int a = 0; a < size_; ++a)
-      for (int b = a + 1; b < size_; ++b) {
-        opened[pairKey(a, b)] = 0;
-        done[pairKey(a, b)] = false;
-      }
-    std::string probe_why;
-    for (int round = 0;; ++round) {
-      // 1. Open this round's candidates to the higher ranks whose pair needs more.
-      std::vector<int> targets;
-      for (int peer : mine_to)
-        if (!done[pairKey(rank_, peer)]) targets.push_back(peer);
-      int from = round * per_round, to = std::min(cap, from + per_round);
-      std::vector<std::vector<int>> now(size_);
-      connectRange(config, mesh, endpoints, targets, from, to, &now, &errors);
-      // 2. Everyone learns which candidates connected ("peer:c,c;peer:c").
-      std::string record;
-      for (int peer : targets) {
-        record += strcat(peer, ":");
-        for (size_t i = 0; i < now[peer].size(); ++i) record += strcat(i ? "," : "", now[peer][i]);
-        record += ";";
-      }
-      std::vector<std::string> records = allGather(strcat("connected.", round), record);
-      size_t expected = 0;
-      std::vector<std::pair<int, int>> fresh;  // (peer, candidate) connected this round, from my side
-      for (int r = 0; r < size_; ++r) {
-        size_t at = 0;
-        const std::string& rec = records[r];
-        while (at < rec.size()) {
-          size_t colon = rec.find(':', at), semi = rec.find(';', at);
-          int peer = std::stoi(rec.substr(at, colon - at));
-          for (const auto& c : splitList(rec.substr(colon + 1, semi - colon - 1))) {
-            int cand = std::stoi(c);
-            connected[pairKey(r, peer)].push_back(cand);
-            if (peer == rank_) ++expected;
-            if (r == rank_ || peer == rank_) fresh.emplace_back(r == rank_ ? peer : r, cand);
-          }
-          opened[pairKey(r, peer)] = to;
-          at = semi + 1;
-        }
-      }
-      mesh.transport->awaitAccepted(accepted_ += expected, deadline_);
-      if (!discover) break;
-
-      // 3. Probe every fresh candidate in our outgoing direction.
-      std::vector<std::string> hops =
-          fresh.empty() ? std::vector<std::string>()
-                        : mesh.transport->probeRoutes(fresh, config.probe_ttl, Clock::now() + std::chrono::milliseconds(1500),
-                                                      &probe_why);
-      std::string routes;
-      for (size_t i = 0; i < fresh.size(); ++i) routes += strcat(fresh[i].first, ":", fresh[i].second, "=", hops[i], ";");
-      std::vector<std::string> all_routes = allGather(strcat("routes.", round), routes);
-      for (int r = 0; r < size_; ++r) {
-        size_t at = 0;
-        const std::string& rec = all_routes[r];
-        while (at < rec.size()) {
-          size_t colon = rec.find(':', at), eq = rec.find('=', at), semi = rec.find(';', at);
-          int peer = std::stoi(rec.substr(at, colon - at));
-          int cand = std::stoi(rec.substr(colon + 1, eq - colon - 1));
-          auto& dir = r < peer ? fwd[pairKey(r, peer)] : bwd[pairKey(r, peer)];
-          if (static_cast<int>(dir.size()) <= cand) dir.resize(cand + 1);
-          dir[cand] = rec.substr(eq + 1, semi - eq - 1);
-          at = semi + 1;
-        }
-      }
-      // 4. Every rank decides for every pair, from the same data.
-      bool all_done = true;
-      for (auto& [key, is_done] : done) {
-        if (is_done) continue;
-        int a = key / size_, b = key % size_;
-        std::vector<Candidate> cands;
-        bool answers = false;
-        for (int c : connected[key]) {
-          Candidate cd;
-          if (c < static_cast<int>(fwd[key].size())) cd.forward = fwd[key][c];
-          if (c < static_cast<int>(bwd[key].size())) cd.backward = bwd[key][c];
-          answers = answers || !cd.forward.empty() || !cd.backward.empty();
-          cands.push_back(cd);
-        }
-        bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
-        if (!f && !w) f = w = true;  // not ring neighbours: both directions count alike
-        Selection sel = selectDisjoint(cands, P, f, w);
-        // Stop when disjoint, when probes get no answers (same leaf, or ICMP
-        // filtered: more candidates would not help), or at the cap.
-        is_done = fullyDisjoint(sel, P, f, w) || !answers || opened[key] >= cap;
-        all_done = all_done && is_done;
-      }
-      if (all_done) break;
-    }
-
-    // The paths of every peer.
     mesh.ids.assign(size_, {});
     mesh.up.assign(size_, {});
-    mesh.routes.assign(size_, {});
-    std::ostringstream report;
+    mesh.routes.assign(size_, std::vector<std::string>(P));
+    for (int peer = rank_ + 1; peer < size_; ++peer) mesh.initiator[peer] = true;
+
+    // Which transport path id each path of each peer is: the path index, or
+    // under discovery the chosen candidate (connected from its probed port).
+    std::map<int, std::vector<int>> chosen;
+    std::map<int, std::vector<uint16_t>> ports;
+    if (config.discovery == "ttl") {
+      chosen = discover(config, mesh, endpoints, &ports);
+    } else {
+      for (int peer = 0; peer < size_; ++peer)
+        for (int p = 0; p < P; ++p) chosen[peer].push_back(p);
+    }
+    std::vector<Planned> planned;
+    for (int peer = rank_ + 1; peer < size_; ++peer)
+      for (int id : chosen[peer])
+        planned.push_back({peer, id, ports.count(peer) ? ports[peer][id] : static_cast<uint16_t>(0)});
+    std::vector<std::vector<int>> connected(size_);
+    std::vector<std::string> errors(size_);
+    connectAll(config, mesh, endpoints, planned, &connected, &errors);
+
+    // Everyone learns which paths connected ("peer:id,id;..."), and waits
+    // for the ones opened towards it.
+    std::string record;
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      record += strcat(peer, ":");
+      for (size_t i = 0; i < connected[peer].size(); ++i) record += strcat(i ? "," : "", connected[peer][i]);
+      record += ";";
+    }
+    std::vector<std::string> records = allGather("connected", record);
+    size_t expected = 0;
+    for (int r = 0; r < rank_; ++r) {
+      size_t at = 0;
+      const std::string& rec = records[r];
+      while (at < rec.size()) {
+        size_t colon = rec.find(':', at), semi = rec.find(';', at);
+        if (std::stoi(rec.substr(at, colon - at)) == rank_)
+          for (const auto& id : splitList(rec.substr(colon + 1, semi - colon - 1))) {
+            connected[r].push_back(std::stoi(id));
+            ++expected;
+          }
+        at = semi + 1;
+      }
+    }
+    mesh.transport->awaitAccepted(expected, deadline_);
+
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      int key = pairKey(rank_, peer);
-      std::vector<int>& conn = connected[key];
-      std::sort(conn.begin(), conn.end());
+      const std::vector<int>& conn = connected[peer];
       if (conn.empty())
-        fail("cannot reach rank ", peer, " on any of its ", P, " paths:",
-             errors[peer].empty() ? std::string(" (rank ") + std::to_string(peer) + " could not connect to us)"
-                                  : errors[peer]);
-      if (!discover) {
-        for (int p = 0; p < P; ++p) {
-          mesh.ids[peer].push_back(p);
-          mesh.up[peer].push_back(std::find(conn.begin(), conn.end(), p) != conn.end());
-          mesh.routes[peer].push_back("");
-        }
-        continue;
+        fail("cannot reach rank ", peer, " on any of its ", chosen[peer].size(), " paths:",
+             errors[peer].empty() ? strcat(" (rank ", peer, " could not connect to us)") : errors[peer]);
+      for (int id : chosen[peer]) {
+        mesh.ids[peer].push_back(id);
+        mesh.up[peer].push_back(std::find(conn.begin(), conn.end(), id) != conn.end());
       }
-      bool lower = rank_ < peer;
-      std::vector<Candidate> cands;
-      for (int c : conn) {
-        Candidate cd;
-        if (c < static_cast<int>(fwd[key].size())) cd.forward = fwd[key][c];
-        if (c < static_cast<int>(bwd[key].size())) cd.backward = bwd[key][c];
-        cands.push_back(cd);
-      }
-      int a = std::min(rank_, peer), b = std::max(rank_, peer);
-      bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
-      if (!f && !w) f = w = true;
-      Selection sel = selectDisjoint(cands, P, f, w);
-      std::vector<bool> keep(conn.size(), false);
-      for (int i : sel.chosen) {
-        keep[i] = true;
-        mesh.ids[peer].push_back(conn[i]);
-        mesh.up[peer].push_back(true);
-        mesh.routes[peer].push_back(lower ? cands[i].forward : cands[i].backward);
-      }
-      report << "\n  rank " << peer << ": " << conn.size() << " candidates, " << (lower ? sel.distinct_forward : sel.distinct_backward)
-             << " distinct outgoing hops, paths via";
-      for (const auto& r : mesh.routes[peer]) report << " " << (r.empty() ? "?" : r);
-      // The initiator closes the candidates nobody uses.
-      if (mesh.initiator[peer])
-        for (size_t i = 0; i < conn.size(); ++i)
-          if (!keep[i]) mesh.transport->closePath(peer, conn[i], "unused discovery candidate");
-      if (static_cast<int>(sel.chosen.size()) < P)
-        MAESTRO_WARN("discovery: only ", sel.chosen.size(), " usable candidates to rank ", peer, " for ", P, " paths");
-    }
-    if (discover) {
-      mesh.discovery_report = report.str();
-      if (!probe_why.empty()) MAESTRO_WARN("discovery: ", probe_why);
     }
   } catch (const Error& e) {
     publishError(e.what());

@@ -34,6 +34,7 @@ struct Mesh {
   std::string transport_kind;
   std::string transport_why;
   VnicChoice vnics;
+  std::vector<std::vector<std::string>> peer_vnics;  // every rank's vNIC addresses
   int paths = 0;
   // Per peer, per path: the transport's path id (a candidate index under
   // discovery, else the path index), whether it connected at start-up (a
@@ -61,11 +62,19 @@ class QpManager {
   void open(const Config& config, Mesh& mesh, transport::CompletionSink* sink);
 
  private:
-  // Open candidates [from, to) to every peer in `peers` (this rank opens
-  // them); returns which connected, and why the others did not.
-  void connectRange(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,
-                    const std::vector<int>& peers, int from, int to, std::vector<std::vector<int>>* connected,
-                    std::vector<std::string>* errors);
+  // Connect every (peer, path, local port) in parallel; returns which
+  // connected (per peer), and why the others did not.
+  struct Planned {
+    int peer, path;
+    uint16_t local_port;
+  };
+  void connectAll(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,
+                  const std::vector<Planned>& planned, std::vector<std::vector<int>>* connected,
+                  std::vector<std::string>* errors);
+  // Discovery: which candidate of each pair becomes which path.
+  std::map<int, std::vector<int>> discover(const Config& config, Mesh& mesh,
+                                           const std::vector<std::vector<std::string>>& endpoints,
+                                           std::map<int, std::vector<uint16_t>>* ports);
   // Publish our value for `step` and collect every rank's. Throws with the
   // message of the first rank that published an error.
   std::vector<std::string> allGather(const std::string& step, const std::string& value);

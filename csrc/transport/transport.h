@@ -109,6 +109,13 @@ struct PathSpec {
   int path = -1;
   std::string local_addr;       // IP literal of the local vNIC
   std::string remote_endpoint;  // what the peer's listen() returned
+  uint16_t local_port = 0;      // a port from reservePort(), or 0 for any
+};
+
+// One route probe: the 5-tuple (local endpoint -> remote endpoint) to probe.
+struct RouteProbe {
+  std::string local_endpoint;   // "ip:port" (a reserved port, or a listener's)
+  std::string remote_endpoint;  // "ip:port"
 };
 
 // Largest control message postSend() accepts.
@@ -149,13 +156,20 @@ class Transport {
   // and, where possible, the same source port (the same 5-tuple, so ECMP
   // puts it on the same route). False if the peer was not reached in time.
   virtual bool reconnect(int peer, int path, Deadline deadline) = 0;
-  // For each (peer, path): the address of the router `ttl` hops out on the
-  // path's outgoing route, from the ICMP time-exceeded answer to a
-  // TTL-limited probe sent on the path's own 5-tuple (Paris traceroute,
-  // no privileges needed); "" where nothing answered before the deadline.
-  // A transport that cannot probe returns "" everywhere and says why.
-  virtual std::vector<std::string> probeRoutes(const std::vector<std::pair<int, int>>& paths, int ttl,
-                                               Deadline deadline, std::string* why) = 0;
+  // ---- route discovery (ECMP) ----
+  // Reserve a source port on a local address for a later connect()
+  // (PathSpec::local_port), so that a probe and the connection share their
+  // 5-tuple. 0: this transport cannot choose ports.
+  virtual uint16_t reservePort(const std::string& local_addr) { return 0; }
+  virtual void releasePort(const std::string& local_addr, uint16_t port) {}
+  // For each probe: the address of the router `ttl` hops out on the route of
+  // that exact 5-tuple, from the ICMP time-exceeded answer to a TTL-limited
+  // SYN (Paris traceroute, no privileges needed; the SYN dies before the
+  // peer); "" where nothing answered before the deadline, or the peer was
+  // reached first (no router that far). A transport that cannot probe
+  // returns "" everywhere and says why.
+  virtual std::vector<std::string> probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
+                                               std::string* why) = 0;
 
   // ---- data path (non-blocking) ------------------------------------------
   virtual void postWrite(int peer, int path, const WriteRequest& req) = 0;

@@ -26,10 +26,7 @@ std::string checkHeader(const FrameHeader& h) {
       if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.length != 0)
         return "ACK frame with payload fields set";
       return "";
-    case FrameType::kProbe:
-      if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.offset != 0 || h.length != 0)
-        return "PROBE frame with fields set";
-      return "";
+
   }
   return strcat("unknown frame type ", int(h.type));
 }
@@ -58,12 +55,6 @@ FrameHeader ackFrame(uint64_t writes_received) {
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::kAck);
   h.offset = writes_received;
-  return h;
-}
-
-FrameHeader probeFrame() {
-  FrameHeader h;
-  h.type = static_cast<uint8_t>(FrameType::kProbe);
   return h;
 }
 

@@ -7,9 +7,6 @@
 //   SEND   two-sided control message (<= kMaxControlBytes), copied out.
 //   ACK    `offset` = cumulative count of WRITE frames fully received on this
 //          connection; the sender completes its writes in order (RC ACK).
-//   PROBE  carries nothing; sent with a small TTL to learn the route (the
-//          router where it expires answers), then delivered by TCP's
-//          retransmission and ignored.
 //
 // All integers are little-endian (the static_assert below pins the host
 // order rather than byte-swapping on every frame).
@@ -28,7 +25,7 @@ constexpr uint32_t kFrameMagic = 0x5254534d;  // "MSTR"
 constexpr uint32_t kHelloMagic = 0x4c45484d;  // "MHEL"
 constexpr uint16_t kProtocolVersion = 1;
 
-enum class FrameType : uint8_t { kWrite = 1, kSend = 2, kAck = 3, kProbe = 4 };
+enum class FrameType : uint8_t { kWrite = 1, kSend = 2, kAck = 3 };
 constexpr uint8_t kFlagImm = 1;
 
 // Upper bound for one WRITE frame's payload: a chunk, never a whole tensor.
@@ -55,7 +52,6 @@ FrameHeader writeFrame(uint32_t region, uint64_t key, uint64_t offset, uint64_t 
                        uint32_t imm);
 FrameHeader sendFrame(uint64_t length);
 FrameHeader ackFrame(uint64_t writes_received);
-FrameHeader probeFrame();
 
 // Connection handshake: the connecting side sends HelloWire, the accepting
 // side answers HelloReply and closes the connection unless status is kOk.

@@ -66,24 +66,6 @@ TcpPath::~TcpPath() {
   ::close(fd_);
 }
 
-void TcpPath::probe(int ttl) {
-  int on = 1;
-  setsockopt(fd_, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
-  setsockopt(fd_, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl);
-  Outgoing out;
-  out.header = probeFrame();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed_ || stopping_) return;
-  control_.push_back(std::move(out));
-  cv_.notify_all();
-}
-
-void TcpPath::endProbe() {
-  int def = -1, off = 0;  // -1: the system default TTL
-  setsockopt(fd_, IPPROTO_IP, IP_TTL, &def, sizeof def);
-  setsockopt(fd_, IPPROTO_IP, IP_RECVERR, &off, sizeof off);
-}
-
 void TcpPath::stop() {
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -315,8 +297,7 @@ void TcpPath::recvLoop() {
           case FrameType::kAck:
             handleAck(h.offset);
             break;
-          case FrameType::kProbe:
-            break;  // it served its purpose on the way
+
         }
       }
     } catch (const Error& e) {

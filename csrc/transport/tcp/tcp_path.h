@@ -44,12 +44,7 @@ class TcpPath {
 
   bool failed() const;
   const std::string& description() const { return description_; }
-  int fd() const { return fd_; }
-  // Route probing: send a PROBE frame with the given TTL and collect ICMP
-  // errors on the socket's error queue (IP_RECVERR); endProbe() restores the
-  // default TTL (TCP retransmits the probe with it).
-  void probe(int ttl);
-  void endProbe();
+
 
  private:
   struct Outgoing {

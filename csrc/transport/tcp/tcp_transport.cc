@@ -78,7 +78,13 @@ void TcpTransport::acceptLoop() {
       try {
         handshake(fd);
       } catch (const Error& e) {
-        MAESTRO_WARN("refused a connection: ", e.what());
+        // A route probe that reached us (same leaf) connects and resets at
+        // once: not worth a warning.
+        std::string what = e.what();
+        if (what.find("before its hello") != std::string::npos || what.find("reset by the peer") != std::string::npos)
+          MAESTRO_TRACE("a connection closed before its hello (a route probe?): ", e.what());
+        else
+          MAESTRO_WARN("refused a connection: ", e.what());
         ::close(fd);
       }
     }
@@ -134,6 +140,15 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
 }
 
 int TcpTransport::open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline) {
+  if (local_port != 0) {
+    // A port reserved for discovery: connect from it, the 5-tuple probed.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = reserved_.find({spec.local_addr, local_port});
+    if (it != reserved_.end()) {
+      ::close(it->second);
+      reserved_.erase(it);
+    }
+  }
   int fd = net::connectFrom(spec.local_addr, net::parseEndpoint(spec.remote_endpoint), deadline, local_port);
   try {
     HelloWire wire;
@@ -156,7 +171,7 @@ int TcpTransport::open(const PathSpec& spec, const Hello& hello, uint16_t local_
 }
 
 void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline deadline) {
-  int fd = open(spec, hello, 0, deadline);
+  int fd = open(spec, hello, spec.local_port, deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
     initiated_[{spec.peer, spec.path}] = Initiated{spec, hello, net::localAddress(fd).port()};
@@ -192,43 +207,72 @@ bool TcpTransport::reconnect(int peer, int path, Deadline deadline) {
   return true;
 }
 
-std::vector<std::string> TcpTransport::probeRoutes(const std::vector<std::pair<int, int>>& which, int ttl,
-                                                   Deadline deadline, std::string* why) {
-  std::vector<std::shared_ptr<TcpPath>> paths;
-  for (const auto& pp : which) paths.push_back(pathFor(pp.first, pp.second));
-  std::vector<std::string> hops(paths.size());
-  for (auto& p : paths) {
-    if (net::localAddress(p->fd()).family() != AF_INET) {
-      *why = "route probing is implemented for IPv4 paths only";
-      return hops;
+uint16_t TcpTransport::reservePort(const std::string& local_addr) {
+  int fd = net::bindReusable(net::parseAddress(local_addr, 0));
+  uint16_t port = net::localAddress(fd).port();
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_[{local_addr, port}] = fd;
+  return port;
+}
+
+void TcpTransport::releasePort(const std::string& local_addr, uint16_t port) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reserved_.find({local_addr, port});
+  if (it == reserved_.end()) return;
+  ::close(it->second);
+  reserved_.erase(it);
+}
+
+std::vector<std::string> TcpTransport::probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
+                                                   std::string* why) {
+  // Every probe is a SYN from the exact 5-tuple, sent at once; the router
+  // where its TTL runs out answers "time exceeded", which the kernel queues
+  // on the socket's error queue while it is connecting (IP_RECVERR).
+  std::vector<std::string> hops(probes.size());
+  std::vector<int> fds(probes.size(), -1);
+  size_t open = 0, answered = 0, reached = 0;
+  for (size_t i = 0; i < probes.size(); ++i) {
+    try {
+      fds[i] = net::startProbe(net::parseEndpoint(probes[i].local_endpoint),
+                               net::parseEndpoint(probes[i].remote_endpoint), ttl);
+      ++open;
+    } catch (const Error& e) {
+      *why = e.what();
     }
-    p->probe(ttl);
   }
-  size_t answered = 0;
-  while (answered < paths.size() && Clock::now() < deadline) {
-    std::vector<pollfd> fds;
+  while (open > 0 && Clock::now() < deadline) {
+    std::vector<pollfd> pfds;
     std::vector<size_t> index;
-    for (size_t i = 0; i < paths.size(); ++i)
-      if (hops[i].empty()) {
-        fds.push_back({paths[i]->fd(), 0, 0});  // POLLERR is always reported
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i] >= 0) {
+        pfds.push_back({fds[i], POLLOUT, 0});
         index.push_back(i);
       }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(1, std::min<long long>(left, 100)))) <= 0)
+    if (::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<long long>(1, std::min<long long>(left, 100)))) <= 0)
       continue;
-    for (size_t k = 0; k < fds.size(); ++k) {
-      if (!(fds[k].revents & POLLERR)) continue;
-      std::string hop = net::readIcmpOffender(fds[k].fd);
-      if (!hop.empty() && hops[index[k]].empty()) {
-        hops[index[k]] = hop;
-        ++answered;
+    for (size_t k = 0; k < pfds.size(); ++k) {
+      size_t i = index[k];
+      if (pfds[k].revents & POLLERR) {
+        hops[i] = net::readIcmpOffender(fds[i]);
+        // No ICMP: refused by the peer itself (no router that far).
+        (hops[i].empty() ? reached : answered) += 1;
+      } else if (pfds[k].revents & POLLOUT) {
+        ++reached;  // connected: the peer itself answered (no router that far)
+      } else {
+        continue;
       }
+      net::closeWithReset(fds[i]);
+      fds[i] = -1;
+      --open;
     }
   }
-  for (auto& p : paths) p->endProbe();
-  if (answered < paths.size())
-    *why = strcat(paths.size() - answered, " of ", paths.size(), " probes got no ICMP time-exceeded answer (",
-                  "TTL ", ttl, " too large, routers rate-limiting ICMP, or ICMP filtered)");
+  for (int fd : fds)
+    if (fd >= 0) net::closeWithReset(fd);
+  if (answered + reached < probes.size())
+    *why = strcat(probes.size() - answered - reached, " of ", probes.size(),
+                  " route probes got no ICMP time-exceeded answer (TTL ", ttl,
+                  " beyond the routers, routers rate-limiting ICMP, or ICMP filtered)");
   return hops;
 }
 
@@ -275,6 +319,11 @@ void TcpTransport::shutdown() {
   (void)ignored;
   if (acceptor_.joinable()) acceptor_.join();
   for (int l : listeners) ::close(l);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& kv : reserved_) ::close(kv.second);
+    reserved_.clear();
+  }
   for (auto& kv : paths) kv.second->stop();
   paths.clear();
 }

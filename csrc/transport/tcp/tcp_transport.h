@@ -38,7 +38,9 @@ class TcpTransport : public Transport {
   void awaitAccepted(size_t count, Deadline deadline) override;
   std::string describePath(int peer, int path) const override;
   bool reconnect(int peer, int path, Deadline deadline) override;
-  std::vector<std::string> probeRoutes(const std::vector<std::pair<int, int>>& paths, int ttl, Deadline deadline,
+  uint16_t reservePort(const std::string& local_addr) override;
+  void releasePort(const std::string& local_addr, uint16_t port) override;
+  std::vector<std::string> probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
                                        std::string* why) override;
 
   void postWrite(int peer, int path, const WriteRequest& req) override;
@@ -67,6 +69,7 @@ class TcpTransport : public Transport {
   std::condition_variable accepted_cv_;
   std::map<std::pair<int, int>, std::shared_ptr<TcpPath>> paths_;
   std::map<std::pair<int, int>, Initiated> initiated_;  // paths this side opened
+  std::map<std::pair<std::string, uint16_t>, int> reserved_;  // (address, port) -> bound socket
   std::vector<int> listeners_;
   size_t accepted_ = 0;
   bool stopping_ = false;

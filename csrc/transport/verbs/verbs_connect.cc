@@ -190,7 +190,7 @@ bool VerbsTransport::reconnect(int peer, int path, Deadline deadline) {
   return true;
 }
 
-std::vector<std::string> VerbsTransport::probeRoutes(const std::vector<std::pair<int, int>>& paths, int ttl,
+std::vector<std::string> VerbsTransport::probeRoutes(const std::vector<RouteProbe>& paths, int ttl,
                                                      Deadline deadline, std::string* why) {
   if (why != nullptr) {
     *why = "the verbs transport cannot probe routes: RoCEv2 packets leave with a UDP source port the NIC "

@@ -81,7 +81,7 @@ class VerbsTransport final : public Transport {
   // Not possible on verbs: RoCEv2 packets leave with the NIC's UDP source
   // port, which no user-space socket can send a TTL-limited probe from.
   // Returns "" for every path and says so in *why.
-  std::vector<std::string> probeRoutes(const std::vector<std::pair<int, int>>& paths, int ttl, Deadline deadline,
+  std::vector<std::string> probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
                                        std::string* why) override;
 
   void postWrite(int peer, int path, const WriteRequest& req) override;

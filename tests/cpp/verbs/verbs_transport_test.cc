@@ -602,7 +602,8 @@ TEST_F(VerbsPairTest, ReconnectBringsAFailedPathBack) {
 
 TEST_F(VerbsPairTest, ProbeRoutesSaysWhyNot) {
   std::string why;
-  const auto hops = t1_->probeRoutes({{0, 0}, {0, 1}}, 1, in(seconds(1)), &why);
+  const auto hops = t1_->probeRoutes({{"192.168.50.1:1", "192.168.50.2:2"}, {"192.168.50.3:3", "192.168.50.4:4"}}, 1,
+                                     in(seconds(1)), &why);
   EXPECT_EQ(hops, std::vector<std::string>(2));
   EXPECT_NE(why.find("cannot probe"), std::string::npos) << why;
 }
