@@ -2,7 +2,7 @@
 while, every result checked exactly, with per-iteration times and snapshots
 of the path states, for the lab tests and benchmarks (failover, path
 detection, resiliency). Rank 0 prints "READY" once the group is up and one
-"RESULT <json>" line at the end.
+"RESULT <json>" line at the end (every rank's iterations under "ranks").
 
     python benchmarks/lab_rank.py --size 16M --seconds 12 [--backend maestro|gloo]
 """
@@ -59,8 +59,10 @@ def main():
         dist.all_reduce(go, op=dist.ReduceOp.MIN)
         if go.item() == 0 and len(iters) >= args.min_iters:
             break
-    result = {"rank": rank, "world": n, "bytes": elems * 4, "iters": iters}
+    everyone = [None] * n
+    dist.all_gather_object(everyone, iters)
     if rank == 0:
+        result = {"world": n, "bytes": elems * 4, "iters": iters, "ranks": everyone}
         print("RESULT " + json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
