@@ -12,7 +12,8 @@ def test_readme_knob_table_matches_the_code():
     rows = re.findall(r"^\| `(MAESTRO_\w+)` \| `(\w+)` \| `([^`]*)` \| (yes)? *\| (.*) \|$", readme, re.M)
     documented = {env: (name, default, bool(gw), doc) for env, name, default, gw, doc in rows}
     code = {k["env"]: (k["name"], k["default"] or "(unset)", k["group_wide"], k["doc"]) for k in maestro_torch.knobs()}
-X
+    assert documented == code, ("README's knob table differs from csrc/common/config.cc: "
+                                "run .venv/bin/python scripts/update_readme_knobs.py")
 
 
 def test_readme_commands_exist():
