@@ -20,7 +20,11 @@ class StoreRendezvous : public Rendezvous {
  public:
   explicit StoreRendezvous(c10::intrusive_ptr<::c10d::Store> store) : store_(std::move(store)) {}
   void set(const std::string& key, const std::string& value) override {
-    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    try {
+      store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    } catch (const c10::DistNetworkError& e) {
+      lost(key, e.what());
+    }
   }
   std::string get(const std::string& key, Deadline deadline) override {
     for (;;) {
@@ -30,17 +34,31 @@ class StoreRendezvous : public Rendezvous {
         store_->wait({key}, std::min(left, std::chrono::milliseconds(5000)));
         auto v = store_->get(key);
         return std::string(v.begin(), v.end());
+      } catch (const c10::DistNetworkError& e) {
+        lost(key, e.what());
       } catch (const c10::DistStoreError&) {
         // The store's own timeout slice passed; loop to our deadline.
       }
     }
   }
   bool tryGet(const std::string& key, std::string* value) override {
-    if (!store_->check({key})) return false;
-    auto v = store_->get(key);
-    value->assign(v.begin(), v.end());
-    return true;
+    try {
+      if (!store_->check({key})) return false;
+      auto v = store_->get(key);
+      value->assign(v.begin(), v.end());
+      return true;
+    } catch (const c10::DistNetworkError& e) {
+      lost(key, e.what());
+    }
   }
+
+ private:
+  [[noreturn]] static void lost(const std::string& key, const std::string& what) {
+    fail("lost the rendezvous store at '", key, "' (the rank hosting it, usually rank 0, exited -- look for its "
+         "error): ", what.substr(0, what.find('\n')));
+  }
+
+ public:
 
  private:
   c10::intrusive_ptr<::c10d::Store> store_;

@@ -58,6 +58,17 @@ void QpManager::publishError(const std::string& message) {
     for (const auto& p : published_) done = done || p == step;
     if (!done) store_.set(key(step, rank_), "error:" + message);
   }
+  // Rank 0 usually hosts the store (torchrun, env://): if it exited now, the
+  // others would lose the store before reading why and report a network
+  // error instead. Let them fail with the message first (bounded wait).
+  store_.set(key("failed", rank_), "1");
+  if (rank_ != 0) return;
+  auto until = std::min(deadline_, Clock::now() + std::chrono::seconds(10));
+  for (int r = 1; r < size_; ++r) {
+    std::string ignored;
+    while (!store_.tryGet(key("failed", r), &ignored) && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 std::vector<std::string> QpManager::allGather(const std::string& step, const std::string& value) {
