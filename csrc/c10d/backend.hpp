@@ -67,6 +67,7 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   std::string transportName() const { return engine_->transportName(); }
   int paths() const { return engine_->paths(); }
   std::map<std::string, double> cacheStats() const;
+  std::vector<double> chunkTimes(bool clear) { return engine_->chunkTimes(clear); }
 
  private:
   using Job = std::function<void(uint64_t seq, Deadline deadline)>;

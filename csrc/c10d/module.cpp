@@ -61,6 +61,8 @@ PYBIND11_MODULE(_C, m) {
            [](const ProcessGroupMaestro& pg) { return maestro::c10d_glue::pathStatsToPython(pg.pathStats()); })
       .def("describe", &ProcessGroupMaestro::describe)
       .def("registration_cache_stats", &ProcessGroupMaestro::cacheStats)
+      .def("chunk_times", &ProcessGroupMaestro::chunkTimes, py::arg("clear") = false,
+           "completion times (post to ACK, seconds) of this rank's most recent chunks")
       .def_property_readonly("transport", &ProcessGroupMaestro::transportName)
       .def_property_readonly("paths", &ProcessGroupMaestro::paths);
 

@@ -320,6 +320,11 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       slot.tick_bytes += c->length;
       slot.last_progress = now;
       slot.completion = ewma(slot.completion, seconds(now - c->posted));
+      {
+        std::lock_guard<std::mutex> samples(samples_mu_);
+        if (chunk_samples_.size() < kChunkSamples) chunk_samples_.push_back(seconds(now - c->posted));
+        else chunk_samples_[chunk_sample_next_++ % kChunkSamples] = seconds(now - c->posted);
+      }
       if (--op->remaining_ == 0) op->done_.store(true, std::memory_order_release);
     } else {
       // A flush means the path is dead, even if its error has not reached
@@ -665,7 +670,12 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
       bool all_closed = true;
       for (size_t i = 0; i < p.paths.size(); ++i) {
         errors += strcat("\n  path ", i, " (", p.paths[i].description, "): ", p.paths[i].last_error);
-        all_closed = all_closed && p.paths[i].last_error.find("by the peer") != std::string::npos;
+        // A peer that died closes or resets every socket it had: "closed by the
+        // peer" when the close is seen first, ECONNRESET/EPIPE when a send is.
+        const std::string& e = p.paths[i].last_error;
+        all_closed = all_closed && (e.find("by the peer") != std::string::npos ||
+                                    e.find("reset by peer") != std::string::npos ||
+                                    e.find("Broken pipe") != std::string::npos);
       }
       markUnreachable(p, strcat("all ", p.paths.size(), " paths to rank ", peer, " are down",
                                 all_closed ? strcat(": rank ", peer, " closed them (did the process exit or crash?)")
@@ -707,58 +717,73 @@ void Engine::monitorLoop() {
     if (probe) last_probe = now;
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
-      Peer& p = *peers_[peer];
-      std::vector<std::pair<int, std::string>> to_close;  // transport ids
-      std::vector<int> to_ping, to_reconnect;
-      {
-        std::lock_guard<std::mutex> lock(p.mu);
-        for (size_t i = 0; i < p.paths.size(); ++i) {
-          PathSlot& s = p.paths[i];
-          // Throughput while busy: bytes completed over the tick.
-          if (s.tick_busy && dt > 0) s.throughput = ewma(s.throughput, s.tick_bytes / dt, 0.3);
-          s.tick_bytes = 0;
-          s.tick_busy = s.inflight > 0;
-          if (!s.up) {
-            // Re-probe a dead path in the background (its opener reconnects);
-            // it is used again as soon as it answers.
-            if (probe && s.initiated && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
-            continue;
-          }
-          // A path that holds chunks and completes none for path_timeout
-          // while the peer is heard from elsewhere is blackholed: close it,
-          // its chunks move. (A peer silent on every path is slow or gone;
-          // the operation's timeout covers that.)
-          if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout &&
-              seconds(now - p.last_heard) < config_.path_timeout)
-            to_close.emplace_back(s.id, strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
-                                               " chunks in flight (blackholed path?)"));
-          if (probe && !s.ping_outstanding) {
-            s.ping_outstanding = true;
-            s.ping_sent = now;
-            to_ping.push_back(s.id);
-          }
-        }
-      }
-      for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
-      for (int id : to_ping) {
-        ControlHeader h{};
-        h.type = static_cast<uint8_t>(ControlType::kPing);
-        try {
-          mesh_.transport->postSend(peer, id, &h, sizeof h);
-        } catch (const Error&) {
-        }
-      }
-      for (int id : to_reconnect) {
-        if (stopping_) break;
-        auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
-        if (!mesh_.transport->reconnect(peer, id, until)) continue;  // success also arrives as onPathUp
-        std::string desc = mesh_.transport->describePath(peer, id);
-        std::lock_guard<std::mutex> lock(p.mu);
-        int slot = slotOf(p, id);
-        if (slot >= 0) p.paths[slot].description = desc;
+      try {
+        monitorPeer(peer, now, dt, probe);
+      } catch (const std::exception& e) {
+        // The monitor must outlive any surprise: log it and go on.
+        MAESTRO_WARN("path monitor, rank ", peer, ": ", e.what());
       }
     }
+  }
+}
+
+void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe) {
+  Peer& p = *peers_[peer];
+  std::vector<std::pair<int, std::string>> to_close;  // transport ids
+  std::vector<int> to_ping, to_reconnect;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (size_t i = 0; i < p.paths.size(); ++i) {
+      PathSlot& s = p.paths[i];
+      // Throughput while busy: bytes completed over the tick.
+      if (s.tick_busy && dt > 0) s.throughput = ewma(s.throughput, s.tick_bytes / dt, 0.3);
+      s.tick_bytes = 0;
+      s.tick_busy = s.inflight > 0;
+      if (!s.up) {
+        // Re-probe a dead path in the background (its opener reconnects);
+        // it is used again as soon as it answers.
+        if (probe && s.initiated && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
+        continue;
+      }
+      // A path that holds chunks and completes none for path_timeout
+      // while the peer is heard from elsewhere is blackholed: close it,
+      // its chunks move. (A peer silent on every path is slow or gone;
+      // the operation's timeout covers that.)
+      if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout &&
+          seconds(now - p.last_heard) < config_.path_timeout)
+        to_close.emplace_back(s.id, strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
+                                           " chunks in flight (blackholed path?)"));
+      if (probe && !s.ping_outstanding) {
+        s.ping_outstanding = true;
+        s.ping_sent = now;
+        to_ping.push_back(s.id);
+      }
+    }
+  }
+  for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
+  for (int id : to_ping) {
+    ControlHeader h{};
+    h.type = static_cast<uint8_t>(ControlType::kPing);
+    try {
+      mesh_.transport->postSend(peer, id, &h, sizeof h);
+    } catch (const Error&) {
+    }
+  }
+  for (int id : to_reconnect) {
+    if (stopping_) break;
+    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
+    bool back = false;
+    try {
+      back = mesh_.transport->reconnect(peer, id, until);  // success also arrives as onPathUp
+    } catch (const std::exception& e) {
+      MAESTRO_WARN("cannot reconnect path ", id, " to rank ", peer, ": ", e.what());
+    }
+    if (!back) continue;
+    std::string desc = mesh_.transport->describePath(peer, id);
+    std::lock_guard<std::mutex> lock(p.mu);
+    int slot = slotOf(p, id);
+    if (slot >= 0) p.paths[slot].description = desc;
   }
 }
 
@@ -793,6 +818,16 @@ std::vector<PathStats> Engine::pathStats() const {
       st.rtt = s.rtt;
       out.push_back(st);
     }
+  }
+  return out;
+}
+
+std::vector<double> Engine::chunkTimes(bool clear) {
+  std::lock_guard<std::mutex> lock(samples_mu_);
+  std::vector<double> out = chunk_samples_;
+  if (clear) {
+    chunk_samples_.clear();
+    chunk_sample_next_ = 0;
   }
   return out;
 }

@@ -146,6 +146,10 @@ class Engine : public transport::CompletionSink {
 
   // ---- introspection ----
   std::vector<PathStats> pathStats() const;
+  // Completion times (post to ACK, seconds) of the most recent chunks, at
+  // most kChunkSamples; `clear` starts a new sample.
+  std::vector<double> chunkTimes(bool clear);
+  static constexpr size_t kChunkSamples = 65536;
   std::string pathTable() const;  // human readable, for MAESTRO_DEBUG=INFO
   std::string describeSetup() const;
 
@@ -170,6 +174,7 @@ class Engine : public transport::CompletionSink {
   static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void monitorLoop();
+  void monitorPeer(int peer, Clock::time_point now, double dt, bool probe);
 
   const int rank_;
   const int size_;
@@ -189,6 +194,9 @@ class Engine : public transport::CompletionSink {
   std::mutex buffers_mu_;
   std::map<int, std::pair<Region, void*>> buffers_;
 
+  std::mutex samples_mu_;
+  std::vector<double> chunk_samples_;  // ring buffer of chunk completion times
+  size_t chunk_sample_next_ = 0;
   std::atomic<uint32_t> current_epoch_{0};
   std::atomic<bool> stopping_{false};
   std::mutex monitor_mu_;

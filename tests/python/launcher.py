@@ -1,24 +1,23 @@
 """Launch ranks as real processes (spawned, each with its own torch and its
 own maestro engine) and collect what each returns or raises. Never hangs: a
-rank still running at the deadline is killed and reported."""
+rank still running at the deadline is killed and reported.
+
+As under torchrun, the launcher (the "agent") hosts the c10d store on a port
+the kernel picks, and every rank joins it as a client
+(TORCHELASTIC_USE_AGENT_STORE): no free-port guess that another test's
+listener can take in between, and the store outlives any rank."""
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import queue
-import socket
 import traceback
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(rank, world, port, env, target, args, out):
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"})
     os.environ.update(env)
     try:
         out.put((rank, "ok", target(rank, world, *args)))
@@ -32,9 +31,15 @@ def run_ranks(world: int, target, *args, env: dict | None = None, rank_env: dict
     {rank: env} for some). Returns a list of
     (status, value) per rank: ("ok", return value), ("error", text) or
     ("killed", text) for a rank that did not finish in time."""
+    import datetime
+
+    import torch.distributed as dist
+
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = free_port()
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    port = store.port
     procs = [ctx.Process(target=_child, args=(r, world, port, {**(env or {}), **(rank_env or {}).get(r, {})},
                                               target, args, out), daemon=True)
              for r in range(world)]
@@ -60,4 +65,5 @@ def run_ranks(world: int, target, *args, env: dict | None = None, rank_env: dict
             p.join()
         if results[r] is None:
             results[r] = ("killed", f"rank {r} did not finish within {timeout} s (exit code {p.exitcode})")
+    del store
     return results

@@ -171,10 +171,16 @@ int TcpTransport::open(const PathSpec& spec, const Hello& hello, uint16_t local_
 }
 
 void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline deadline) {
+  {
+    // Recorded before the attempt: a path that fails to connect at start-up
+    // is this side's to reopen later.
+    std::lock_guard<std::mutex> lock(mu_);
+    initiated_[{spec.peer, spec.path}] = Initiated{spec, hello, spec.local_port};
+  }
   int fd = open(spec, hello, spec.local_port, deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    initiated_[{spec.peer, spec.path}] = Initiated{spec, hello, net::localAddress(fd).port()};
+    initiated_[{spec.peer, spec.path}].local_port = net::localAddress(fd).port();
   }
   install(spec.peer, spec.path, fd, false);
 }

@@ -118,6 +118,12 @@ void VerbsTransport::connect(const PathSpec& spec, const Hello& hello, Deadline 
   sockaddr_storage src, dst;
   makeSockaddr(spec.local_addr, 0, &src);
   makeSockaddr(remote_ip, remote_port, &dst);
+  {
+    // Recorded before the attempt: a path that fails to connect at start-up
+    // is this side's to reopen later.
+    std::lock_guard<std::mutex> lock(mu_);
+    initiated_[{spec.peer, spec.path}] = Initiated{spec, hello};
+  }
 
   std::string last_error;
   auto backoff = std::chrono::milliseconds(10);
@@ -151,7 +157,6 @@ void VerbsTransport::connect(const PathSpec& spec, const Hello& hello, Deadline 
       cm_cv_.wait_until(lock, deadline, [&] { return stopping_ || conn->state != ConnState::kPending; });
       MAESTRO_CHECK(!stopping_, what, ": the transport was shut down");
       if (conn->state == ConnState::kEstablished) {
-        initiated_[{spec.peer, spec.path}] = Initiated{spec, hello};
         MAESTRO_INFO(what, " connected after ", attempt, " attempt(s): ", conn->path->description());
         return;
       }
