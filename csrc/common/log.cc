@@ -27,6 +27,9 @@ std::atomic<int>& levelStore() {
 }
 
 thread_local int tlsRank = -1;
+// For threads that never set one (transport threads): the rank last set by
+// any thread, which in the usual one-rank-per-process run is the rank.
+std::atomic<int> processRank{-1};
 
 const char* levelName(LogLevel level) {
   switch (level) {
@@ -53,11 +56,15 @@ LogLevel parseLogLevel(const std::string& text) {
   fail("MAESTRO_DEBUG='", text, "' is not one of NONE, WARN, INFO, TRACE");
 }
 
-void setLogRank(int rank) { tlsRank = rank; }
+void setLogRank(int rank) {
+  tlsRank = rank;
+  processRank.store(rank, std::memory_order_relaxed);
+}
 
 void logLine(LogLevel level, const std::string& line) {
   static std::mutex mu;
-  std::string prefix = tlsRank >= 0 ? strcat("maestro[", tlsRank, "] ") : std::string("maestro ");
+  const int rank = tlsRank >= 0 ? tlsRank : processRank.load(std::memory_order_relaxed);
+  std::string prefix = rank >= 0 ? strcat("maestro[", rank, "] ") : std::string("maestro ");
   std::lock_guard<std::mutex> lock(mu);
   // One write per line keeps the lines of concurrent ranks from interleaving.
   std::string out = prefix + levelName(level) + " " + line + "\n";

@@ -32,6 +32,20 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
+struct Engine::SentControl {
+  Clock::time_point at;
+  std::vector<uint8_t> msg;
+};
+
+namespace {
+constexpr size_t kMaxUnconfirmed = 4096;  // a path that never confirms keeps only the newest
+
+template <class Slot>
+void confirmUpTo(Slot& slot, Clock::time_point t) {
+  while (!slot.unconfirmed.empty() && slot.unconfirmed.front().at <= t) slot.unconfirmed.pop_front();
+}
+}  // namespace
+
 struct Engine::PathSlot {
   int id = -1;             // the transport's path id
   bool initiated = false;  // this rank opened it, and reopens it after a failure
@@ -52,6 +66,11 @@ struct Engine::PathSlot {
   double rtt = 0;            // EWMA probe RTT
   Clock::time_point ping_sent{};
   bool ping_outstanding = false;
+  // Control messages posted here and not yet known to have arrived. The path
+  // is ordered, so a completion of a write posted later, or the pong of a
+  // ping posted later, proves delivery; if the path dies first they are
+  // re-sent on a live one (every control message is idempotent by its key).
+  std::deque<SentControl> unconfirmed;
 };
 
 struct Engine::Peer {
@@ -113,12 +132,18 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   if (!mesh_.vnics.warning.empty() && rank_ == 0) MAESTRO_WARN(mesh_.vnics.warning);
   MAESTRO_INFO(describeSetup());
   monitor_ = std::thread([this] { monitorLoop(); });
+  reconnector_ = std::thread([this] { reconnectLoop(); });
 }
 
 Engine::~Engine() {
   stopping_ = true;
   monitor_cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(reconnect_mu_);
+    reconnect_cv_.notify_all();
+  }
   if (monitor_.joinable()) monitor_.join();
+  if (reconnector_.joinable()) reconnector_.join();
   if (logLevel() >= LogLevel::kInfo && mesh_.transport) MAESTRO_INFO("path statistics at shutdown:\n", pathTable());
   // Say goodbye on every path (each is ordered, so the goodbye arrives before
   // that path's close) so the peers do not mistake it for a crash.
@@ -319,6 +344,7 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       slot.chunks_sent++;
       slot.tick_bytes += c->length;
       slot.last_progress = now;
+      confirmUpTo(slot, c->posted);
       slot.completion = ewma(slot.completion, seconds(now - c->posted));
       {
         std::lock_guard<std::mutex> samples(samples_mu_);
@@ -479,18 +505,24 @@ void Engine::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub,
   std::memcpy(msg.data(), &h, sizeof h);
   if (length) std::memcpy(msg.data() + sizeof h, payload, length);
   Peer& p = *peers_[peer];
-  int path;
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (p.unreachable) throw Error(p.error);
-    int slot = controlPath(p);
-    if (slot < 0) {
-      markUnreachable(p, strcat("no path to rank ", peer, " is up"));
-      throw Error(p.error);
-    }
-    path = p.paths[slot].id;
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.unreachable) throw Error(p.error);
+  postControl(p, std::move(msg), /*reliable=*/type != ControlType::kPathDown);
+}
+
+void Engine::postControl(Peer& p, std::vector<uint8_t> msg, bool reliable) {
+  int slot = controlPath(p);
+  if (slot < 0) {
+    markUnreachable(p, strcat("no path to rank ", p.rank, " is up"));
+    throw Error(p.error);
   }
-  mesh_.transport->postSend(peer, path, msg.data(), msg.size());
+  PathSlot& s = p.paths[slot];
+  // Posted under the peer's lock, like writes in pump(): the transport only
+  // queues, and the order against writes and pings on this path is exact.
+  mesh_.transport->postSend(p.rank, s.id, msg.data(), msg.size());
+  if (!reliable) return;
+  s.unconfirmed.push_back({Clock::now(), std::move(msg)});
+  if (s.unconfirmed.size() > kMaxUnconfirmed) s.unconfirmed.pop_front();
 }
 
 bool Engine::takeControl(int peer, ControlKey key, std::vector<uint8_t>* payload) {
@@ -567,6 +599,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         if (slot.ping_outstanding) {
           slot.rtt = ewma(slot.rtt, seconds(Clock::now() - slot.ping_sent), 0.3);
           slot.ping_outstanding = false;
+          confirmUpTo(slot, slot.ping_sent);
         }
         return;
       }
@@ -684,6 +717,20 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
     } else {
       for (ChunkDesc* c : orphans) enqueue(p, c);
       for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
+      // Control messages the dead path may have swallowed (credits, op
+      // descriptors, barrier tokens) go again on a live path; a receiver
+      // that already has one keeps one.
+      std::deque<SentControl> lost;
+      lost.swap(slot.unconfirmed);
+      if (!lost.empty() && !p.left) MAESTRO_INFO("re-sending ", lost.size(), " control message(s) to rank ", peer);
+      for (auto& m : lost) {
+        if (p.left) break;
+        try {
+          postControl(p, std::move(m.msg), true);
+        } catch (const Error&) {
+          break;  // no path left: the peer is unreachable and every waiter learns it
+        }
+      }
     }
   }
 }
@@ -745,12 +792,11 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
         if (probe && s.initiated && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
         continue;
       }
-      // A path that holds chunks and completes none for path_timeout
-      // while the peer is heard from elsewhere is blackholed: close it,
-      // its chunks move. (A peer silent on every path is slow or gone;
-      // the operation's timeout covers that.)
-      if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout &&
-          seconds(now - p.last_heard) < config_.path_timeout)
+      // A path that holds chunks and completes none for path_timeout,
+      // while the peer has been heard from (elsewhere) since it stalled, is
+      // blackholed: close it, its chunks move. (A peer silent on every path
+      // is slow or gone; the operation's timeout covers that.)
+      if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout && p.last_heard > s.last_progress)
         to_close.emplace_back(s.id, strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
                                            " chunks in flight (blackholed path?)"));
       if (probe && !s.ping_outstanding) {
@@ -769,8 +815,28 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
     } catch (const Error&) {
     }
   }
-  for (int id : to_reconnect) {
-    if (stopping_) break;
+  if (!to_reconnect.empty()) {
+    std::lock_guard<std::mutex> lock(reconnect_mu_);
+    for (int id : to_reconnect) reconnect_wanted_.insert({peer, id});
+    reconnect_cv_.notify_all();
+  }
+}
+
+void Engine::reconnectLoop() {
+  // Apart from the monitor: a connect towards a blackhole takes its whole
+  // deadline, and the monitor must keep its cadence meanwhile.
+  setLogRank(rank_);
+  while (!stopping_) {
+    std::pair<int, int> want;
+    {
+      std::unique_lock<std::mutex> lock(reconnect_mu_);
+      reconnect_cv_.wait(lock, [&] { return stopping_.load() || !reconnect_wanted_.empty(); });
+      if (stopping_) break;
+      want = *reconnect_wanted_.begin();
+      reconnect_wanted_.erase(reconnect_wanted_.begin());
+    }
+    const int peer = want.first, id = want.second;
+    Peer& p = *peers_[peer];
     auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
     bool back = false;
@@ -779,6 +845,7 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
     } catch (const std::exception& e) {
       MAESTRO_WARN("cannot reconnect path ", id, " to rank ", peer, ": ", e.what());
     }
+    if (stopping_) break;
     if (!back) continue;
     std::string desc = mesh_.transport->describePath(peer, id);
     std::lock_guard<std::mutex> lock(p.mu);

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -175,6 +176,9 @@ class Engine : public transport::CompletionSink {
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void monitorLoop();
   void monitorPeer(int peer, Clock::time_point now, double dt, bool probe);
+  void reconnectLoop();
+  struct SentControl;
+  void postControl(Peer& peer, std::vector<uint8_t> msg, bool reliable);  // peer.mu held
 
   const int rank_;
   const int size_;
@@ -203,6 +207,10 @@ class Engine : public transport::CompletionSink {
   std::condition_variable monitor_cv_;
   std::vector<std::pair<int, int>> down_notices_;  // (peer, transport path) to report, monitor_mu_
   std::thread monitor_;
+  std::mutex reconnect_mu_;
+  std::condition_variable reconnect_cv_;
+  std::set<std::pair<int, int>> reconnect_wanted_;  // (peer, transport path) to reopen, reconnect_mu_
+  std::thread reconnector_;
 };
 
 // The Decomposer's unit of work: one chunk of one message (paper Table 1:
