@@ -63,7 +63,7 @@ std::string OpContext::name() const { return strcat(opKindName(static_cast<OpKin
 
 uint32_t OpContext::tag(uint32_t index) const {
   MAESTRO_CHECK(index < kMessagesPerOp, name(), ": message index ", index, " out of range");
-  return static_cast<uint32_t>((seq_ & 3) << 10) | index;
+  return static_cast<uint32_t>((seq_ & 3) << multipath::kEpochShift) | index;
 }
 
 void OpContext::abort(const std::string& reason) {

@@ -50,7 +50,7 @@ struct RemoteWindow {
 
 // Tag of a message: the operation's epoch (seq mod 4) and the message's
 // index within the operation, so consecutive operations never share tags.
-constexpr uint32_t kMessagesPerOp = 1024;
+constexpr uint32_t kMessagesPerOp = 1u << multipath::kEpochShift;
 
 class OpContext {
  public:

@@ -16,7 +16,9 @@
 // Flow control of the reduce-scatter scratch: the receiver exposes K slots of
 // one segment each; message k lands in slot k mod K. The writer holds K
 // credits: it may write message k only after the receiver returned credit
-// k-K, which it does once message k-K is reduced. Posting in index order and
+// k-K, which it does once message k-K is reduced, and only once its own write
+// of k-K is acknowledged (no copy of it is still on the way after a
+// failover). Posting in index order and
 // reducing into the separate work buffer (never into the slot being
 // forwarded) keeps this free of the store-and-forward deadlock.
 #include <algorithm>
@@ -116,6 +118,7 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   }
 
   std::vector<std::shared_ptr<SendOp>> sends;
+  std::vector<std::shared_ptr<SendOp>> send_of(total);  // our write of message k
   std::vector<char> credit(total, 0);  // credit for our RS message k returned by R
   uint32_t next = 0;
 
@@ -129,6 +132,11 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
           if (!engine.takeControl(R, {ControlType::kCredit, ctx.seq(), j}, nullptr)) return false;
           credit[j] = 1;
         }
+        // The credit says R has every chunk of j; our write of j must be
+        // acknowledged too: after a failover, a second copy of a chunk of j
+        // (its first copy landed, its ACK was lost) would otherwise land in
+        // the slot after message k took it.
+        if (send_of[j] && !send_of[j]->done()) return false;
       }
       return true;
     }
@@ -165,6 +173,7 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
         try {
           sends.push_back(engine.write(R, plan.work.region, plan.work.base + span.offset, dst.region, dst_off,
                                        span.bytes, ctx.tag(next)));
+          send_of[next] = sends.back();
         } catch (const Error& e) {
           ctx.abort(e.what());
         }

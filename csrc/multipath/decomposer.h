@@ -21,6 +21,9 @@ constexpr int kTagBits = 12;
 constexpr int kChunkBits = 20;
 constexpr uint32_t kMaxTags = 1u << kTagBits;
 constexpr uint32_t kMaxChunksPerMessage = 1u << kChunkBits;
+// A tag's top bits are the epoch of its operation (seq mod 4), the rest the
+// message's index within the operation.
+constexpr int kEpochShift = 10;
 
 struct ChunkSpan {
   uint32_t index = 0;

@@ -420,6 +420,17 @@ std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, 
   return op;
 }
 
+void Engine::beginOperation(uint64_t seq) {
+  const uint32_t epoch = static_cast<uint32_t>(seq & 3);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Peer& p = *peers_[peer];
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.reassembler.reset(epoch << kEpochShift, 1u << kEpochShift);
+  }
+  current_epoch_.store(epoch);
+}
+
 void Engine::release(const std::shared_ptr<RecvOp>& op) {
   Peer& p = *peers_[op->peer_];
   std::unique_lock<std::mutex> lock(p.mu);
@@ -456,7 +467,7 @@ void Engine::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {
     p.last_heard = Clock::now();
     // Only the current operation's chunks can be legitimate: a peer writes
     // to us only after our descriptor for that operation reached it.
-    if ((tag >> 10) == current_epoch_.load()) {
+    if ((tag >> kEpochShift) == current_epoch_.load()) {
       landed = p.reassembler.land(tag, immChunk(imm), length, &span, &hook, &error);
       if (landed == Reassembler::Landed::kError)
           markUnreachable(p, strcat("protocol error from rank ", peer, " on path ", slot_index, ": ", error));

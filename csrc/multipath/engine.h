@@ -121,7 +121,8 @@ class Engine : public transport::CompletionSink {
   // another operation (late duplicates after a failover) are dropped before
   // they reach the reassembler. Tags carry the operation's epoch in their
   // top two bits (see collectives/op.h).
-  void beginOperation(uint64_t seq) { current_epoch_.store(static_cast<uint32_t>(seq & 3)); }
+  // Also forgets what the epoch's tags saw in their previous use.
+  void beginOperation(uint64_t seq);
   std::shared_ptr<SendOp> write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
                                 uint64_t dst_offset, uint64_t length, uint32_t tag);
   std::shared_ptr<RecvOp> expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook = nullptr);

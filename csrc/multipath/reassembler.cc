@@ -43,6 +43,7 @@ Reassembler::Landed Reassembler::land(uint32_t tag, uint32_t chunk, uint64_t len
     return Landed::kError;
   }
   Message& m = messages_[tag];
+  if (m.released) return Landed::kDuplicate;
   if (m.expected && chunk >= m.chunks) {
     *error = strcat("chunk ", chunk, " of message ", tag, " but the message has only ", m.chunks, " chunks");
     return Landed::kError;
@@ -75,7 +76,15 @@ bool Reassembler::complete(uint32_t tag) const {
   return m.expected && m.processed == m.chunks;
 }
 
-void Reassembler::release(uint32_t tag) { messages_[tag] = Message(); }
+void Reassembler::release(uint32_t tag) {
+  messages_[tag] = Message();
+  messages_[tag].released = true;
+}
+
+void Reassembler::reset(uint32_t first, uint32_t count) {
+  MAESTRO_CHECK(first <= kMaxTags && count <= kMaxTags - first, "tags [", first, ", +", count, ") out of range");
+  for (uint32_t t = first; t < first + count; ++t) messages_[t] = Message();
+}
 
 size_t Reassembler::active() const {
   size_t n = 0;

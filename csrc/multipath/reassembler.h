@@ -43,8 +43,12 @@ class Reassembler {
   // A hook finished; returns true when that completed the message.
   bool processed(uint32_t tag);
   bool complete(uint32_t tag) const;
-  // The receiver is done with the message; the tag may be reused.
+  // The receiver is done with the message. Until reset() the tag drops every
+  // chunk (a failover's second copy of a chunk that had landed): such a copy
+  // must not pass for an early chunk of the tag's next use.
   void release(uint32_t tag);
+  // Forget tags [first, first + count): a new operation reuses them.
+  void reset(uint32_t first, uint32_t count);
   // Messages announced or partially landed (for tests and diagnostics).
   size_t active() const;
 
@@ -58,6 +62,7 @@ class Reassembler {
     std::vector<uint64_t> bitmap;
     std::vector<std::pair<uint32_t, uint64_t>> early;  // (chunk, length) before expect()
     std::shared_ptr<ChunkHook> hook;
+    bool released = false;
     bool inUse() const { return expected || !early.empty(); }
   };
   bool testAndSet(Message& m, uint32_t chunk);

@@ -76,6 +76,29 @@ TEST(Reassembler, EmptyMessageIsCompleteAtOnce) {
   EXPECT_TRUE(r.complete(0));
 }
 
+TEST(Reassembler, ASecondCopyAfterReleaseIsDroppedNotKeptAsEarly) {
+  // A failover re-sends a chunk whose first copy landed but whose ACK was
+  // lost; the copy may arrive after the message was processed and released.
+  // It must not pass for an early chunk of the tag's next use (which would
+  // then count stale bytes as landed and drop the real chunk as a duplicate).
+  Reassembler r(100);
+  ChunkSpan span;
+  std::shared_ptr<ChunkHook> h;
+  std::string err;
+  r.expect(7, 200, nullptr);
+  for (uint32_t c = 0; c < 2; ++c) {
+    ASSERT_EQ(Reassembler::Landed::kNew, r.land(7, c, 100, &span, &h, &err));
+    r.processed(7);
+  }
+  ASSERT_TRUE(r.complete(7));
+  r.release(7);
+  EXPECT_EQ(Reassembler::Landed::kDuplicate, r.land(7, 1, 100, &span, &h, &err));
+  r.reset(0, 16);  // the tag's next operation
+  EXPECT_TRUE(r.expect(7, 200, nullptr).empty()) << "the stale copy came back as an early chunk";
+  EXPECT_EQ(Reassembler::Landed::kNew, r.land(7, 1, 100, &span, &h, &err));
+  EXPECT_FALSE(r.complete(7));
+}
+
 }  // namespace
 }  // namespace multipath
 }  // namespace maestro
