@@ -10,9 +10,9 @@ if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV"
   "$PY" -m pip install -q --upgrade pip
 fi
-if ! "$PY" -c "import torch, pytest, numpy" 2>/dev/null; then
-  echo "== installing torch (CPU use; about 1 minute) and test tools"
-  "$PY" -m pip install -q torch numpy pytest
+if ! "$PY" -c "import torch, pytest, numpy, matplotlib" 2>/dev/null; then
+  echo "== installing torch (CPU use; about 1 minute), test tools and matplotlib (benchmark plots)"
+  "$PY" -m pip install -q torch numpy pytest matplotlib
 fi
 for tool in cmake ninja g++; do
   command -v "$tool" >/dev/null || { echo "error: $tool is required (apt-get install cmake ninja-build g++)" >&2; exit 1; }

@@ -1,10 +1,16 @@
 """Run maestro ranks across a netlab leaf-spine lab: one rank per host
-namespace, rendezvous on h0's primary address, each rank's vNICs = its host's
-aliases (MAESTRO_VNICS). Used by the lab tests and the benchmarks.
+namespace, rendezvous on h0's alias 0, each rank's vNICs = its host's aliases
+(MAESTRO_VNICS). Used by the lab tests and the benchmarks as a module:
 
     sys.path.insert(0, "scripts"); import netlab, labrun
     with netlab.Lab(name="x", core=200) as lab:
         results = labrun.run(lab, ["benchmarks/allreduce_bench.py", "--size", "64M"])
+
+and from the command line with torchrun, one torchrun (one node) per host
+namespace, on a lab it builds and tears down (or an existing one, --prefix):
+
+    python scripts/labrun.py [--mode pinned|ecmp] [--core 200] [--access 1000] \
+        [--hosts 4] [--spines 4] [--prefix P] -- SCRIPT [ARGS...]
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,10 +32,14 @@ class RankResult:
         return f"RankResult(rank={self.rank}, rc={self.returncode})"
 
 
-def rank_env(lab, host: int, world: int, port: int, extra: dict | None = None) -> dict:
+def rank_env(lab, rank: int, host: int, master_host: int, world: int, port: int, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update({
-        "MASTER_ADDR": lab.host_addr(0), "MASTER_PORT": str(port), "RANK": str(host), "WORLD_SIZE": str(world),
+        # The rendezvous on the master's alias 0: in pinned mode it crosses
+        # spine 0 only, which the fault experiments keep up (a primary
+        # address is ECMP-hashed and may land on a cut link).
+        "MASTER_ADDR": lab.alias_addr(master_host, 0), "MASTER_PORT": str(port), "RANK": str(rank),
+        "WORLD_SIZE": str(world),
         "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MAESTRO_VNICS": ",".join(lab.aliases(host)),
         "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
         "GLOO_SOCKET_IFNAME": "eth0",  # gloo would pick loopback inside a namespace
@@ -37,52 +48,143 @@ def rank_env(lab, host: int, world: int, port: int, extra: dict | None = None) -
     return env
 
 
-def start(lab, script_argv: list[str], *, world: int | None = None, env: dict | None = None,
-          rank_env_extra: dict | None = None, python: str | None = None) -> list[subprocess.Popen]:
-    """Start `python script_argv...` as rank i on host i for i < world."""
-    world = world or lab.cfg.hosts
+class RankSet:
+    """Rank processes whose stdout and stderr are drained continuously by
+    reader threads (a rank blocked on a full pipe would stall the others in
+    their next collective), with line callbacks and waits on lines."""
+
+    def __init__(self, procs: list[subprocess.Popen], on_line=None):
+        self.procs = procs
+        self.out = [[] for _ in procs]
+        self.err = [[] for _ in procs]
+        self._cv = threading.Condition()
+        self._on_line = on_line
+        self._threads = []
+        for rank, p in enumerate(procs):
+            for stream, sink in ((p.stdout, self.out[rank]), (p.stderr, self.err[rank])):
+                t = threading.Thread(target=self._drain, args=(rank, stream, sink, stream is p.stdout), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def _drain(self, rank, stream, sink, is_stdout):
+        for line in stream:
+            with self._cv:
+                sink.append(line)
+                self._cv.notify_all()
+            if self._on_line:
+                self._on_line(rank, "stdout" if is_stdout else "stderr", line)
+
+    def wait_for_line(self, rank: int, prefix: str, timeout: float) -> str:
+        """Block until rank's stdout has a line starting with prefix."""
+        with self._cv:
+            def found():
+                return next((l for l in self.out[rank] if l.startswith(prefix)), None)
+            if not self._cv.wait_for(lambda: found() is not None or self.procs[rank].poll() is not None, timeout):
+                raise TimeoutError(f"rank {rank} printed no line starting with {prefix!r} within {timeout} s")
+            line = found()
+            if line is None:
+                raise RuntimeError(f"rank {rank} exited ({self.procs[rank].returncode}) before {prefix!r}")
+            return line
+
+    def wait(self, timeout: float) -> list[RankResult]:
+        """Wait for every rank; kill them all at the timeout."""
+        deadline = time.monotonic() + timeout
+        killed = False
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in self.procs:
+                    q.kill()
+                killed = True
+                break
+        for p in self.procs:
+            p.wait()
+        for t in self._threads:
+            t.join(timeout=10)
+        results = []
+        for rank, p in enumerate(self.procs):
+            err = "".join(self.err[rank]) + (f"\nlabrun: killed after {timeout} s" if killed else "")
+            results.append(RankResult(rank, p.returncode, "".join(self.out[rank]), err))
+        return results
+
+
+def start(lab, script_argv: list[str], *, world: int | None = None, hosts: list[int] | None = None,
+          env: dict | None = None, rank_env_extra: dict | None = None, python: str | None = None,
+          on_line=None) -> RankSet:
+    """Start `python script_argv...` as rank i on host hosts[i] (default:
+    host i, for i < world). on_line(rank, stream, line) sees every line."""
+    hosts = hosts or list(range(world or lab.cfg.hosts))
+    world = len(hosts)
     port = random.randint(20000, 40000)
     python = python or sys.executable
     procs = []
-    for host in range(world):
-        e = rank_env(lab, host, world, port, {**(env or {}), **(rank_env_extra or {}).get(host, {})})
+    for rank, host in enumerate(hosts):
+        e = rank_env(lab, rank, host, hosts[0], world, port, {**(env or {}), **(rank_env_extra or {}).get(rank, {})})
         procs.append(lab.popen(host, [python] + script_argv, env=e, cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True))
-    return procs
+    return RankSet(procs, on_line)
 
 
-def wait_for_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
-    """Read proc's stdout until a line starting with prefix (returns it)."""
-    import select
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith(prefix):
-                return line
-    raise TimeoutError(f"no line starting with {prefix!r} within {timeout} s")
+def torchrun(lab, script_argv: list[str], *, env: dict | None = None, timeout: float = 3600,
+             python: str | None = None) -> list[RankResult]:
+    """torchrun on every host of the lab (--nnodes = hosts, one process per
+    node, static rendezvous on h0's alias 0), as a user runs it on a cluster."""
+    hosts = list(range(lab.cfg.hosts))
+    port = random.randint(20000, 40000)
+    python = python or sys.executable
+    procs = []
+    for host in hosts:
+        e = rank_env(lab, host, host, 0, len(hosts), port, env)
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            e.pop(k)  # torchrun sets them
+        argv = [python, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--node-rank", str(host),
+                "--nproc-per-node", "1", "--master-addr", e["MASTER_ADDR"], "--master-port", str(port)]
+        procs.append(lab.popen(host, argv + script_argv, env=e, cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True))
+
+    def echo(rank, stream, line):
+        print(f"[h{rank}] {line}", end="", file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)
+    return RankSet(procs, echo).wait(timeout)
 
 
-def wait(procs: list[subprocess.Popen], timeout: float) -> list[RankResult]:
-    """Wait for every rank; kill them all at the timeout."""
-    deadline = time.monotonic() + timeout
-    results = []
-    for host, p in enumerate(procs):
-        try:
-            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, err = p.communicate()
-            err += f"\nlabrun: killed after {timeout} s"
-        results.append(RankResult(host, p.returncode, out, err))
-    return results
+def main() -> int:
+    import argparse
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import netlab
+
+    ap = argparse.ArgumentParser(description="torchrun across a netlab leaf-spine lab, one node per host namespace "
+                                             "(needs root)")
+    ap.add_argument("--prefix", help="use this existing lab (netlab.py up) instead of building one")
+    ap.add_argument("--mode", choices=["pinned", "ecmp"], default="pinned")
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--spines", type=int, default=4)
+    ap.add_argument("--core", type=float, default=200, help="leaf-spine rate, Mbit/s")
+    ap.add_argument("--access", type=float, default=1000, help="host-leaf rate, Mbit/s")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...] (run by torchrun on every host)")
+    args = ap.parse_args()
+    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    if not script:
+        ap.error("give the script to run after --")
+    if args.prefix:
+        results = torchrun(netlab.Lab.attach(args.prefix), script, timeout=args.timeout)
+    else:
+        with netlab.Lab(hosts=args.hosts, spines=args.spines, mode=args.mode, core=args.core,
+                        access=args.access) as lab:
+            results = torchrun(lab, script, timeout=args.timeout)
+    bad = [r for r in results if r.returncode != 0]
+    for r in bad:
+        print(f"labrun: host {r.rank} exited with {r.returncode}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 def run(lab, script_argv: list[str], *, timeout: float = 600, **kw) -> list[RankResult]:
     """Run `python script_argv...` as rank i on host i for i < world; returns
     every rank's exit code and output. Kills everything at the timeout."""
-    return wait(start(lab, script_argv, **kw), timeout)
+    return start(lab, script_argv, **kw).wait(timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

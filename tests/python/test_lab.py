@@ -35,7 +35,7 @@ def lab(name, **kw):
 def test_pinned_paths_use_every_spine():
     with lab("tp", mode="pinned") as l:
         before = l.link_bytes()
-        res = result_of(labrun.run(l, ["benchmarks/lab_rank.py", "--size", "16M", "--seconds", "0", "--min-iters", "2"],
+        res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "0", "--min-iters", "2"],
                                    timeout=300))
         after = l.link_bytes()
     assert all(it["ok"] for rank in res["ranks"] for it in rank)
@@ -47,14 +47,14 @@ def test_pinned_paths_use_every_spine():
 
 def test_spine_link_cut_mid_allreduce_fails_over_and_recovers():
     with lab("tf", mode="pinned") as l:
-        procs = labrun.start(l, ["benchmarks/lab_rank.py", "--size", "16M", "--seconds", "12"],
+        ranks = labrun.start(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "12"],
                              env={"MAESTRO_PATH_TIMEOUT": "1"})
-        labrun.wait_for_line(procs[0], "READY", 120)
+        ranks.wait_for_line(0, "READY", 120)
         time.sleep(1.5)
         l.link_down(1, 1)  # L1-s1: the 3->0 crossing's path via spine 1 blackholes
         time.sleep(4)
         l.link_up(1, 1)
-        res = result_of(labrun.wait(procs, 300))
+        res = result_of(ranks.wait(300))
     ranks = res["ranks"]
     assert all(it["ok"] for rank in ranks for it in rank), "every result stays exact"
     # Rank 3 sends to rank 0 over 4 paths, path 1 via spine 1: it went down,
@@ -74,7 +74,7 @@ def test_spine_link_cut_mid_allreduce_fails_over_and_recovers():
 
 def test_ecmp_discovery_picks_disjoint_spines():
     with lab("te", mode="ecmp") as l:
-        res = result_of(labrun.run(l, ["benchmarks/discovery_trials.py", "--trials", "3"], timeout=600))
+        res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "discover", "--trials", "3"], timeout=600))
     for rank in (1, 3):  # the ring's two core crossings: 1->2 and 3->0
         for t in res["trials"][rank]:
             assert t["ok"]
@@ -86,7 +86,7 @@ def test_adaptive_moves_chunks_off_loaded_spines():
     with lab("ta", mode="pinned") as l:
         bgs = [l.background(spine=s, mbit=170, proto="udp") for s in (2, 3)]
         try:
-            res = result_of(labrun.run(l, ["benchmarks/lab_rank.py", "--size", "16M", "--seconds", "0",
+            res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "0",
                                            "--min-iters", "3"], env={"MAESTRO_POLICY": "adaptive"}, timeout=300))
         finally:
             for b in bgs:

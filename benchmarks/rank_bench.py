@@ -1,0 +1,401 @@
+"""The rank side of the evaluation (one process per lab host, started by
+scripts/labrun.py from benchmarks/suite.py or the lab tests). Every
+subcommand compares side by side in one run: the backends/variants it
+measures are process groups created together and timed alternately, so
+machine noise hits them alike. Rank 0 prints "READY" once groups are up and
+one "RESULT <json>" line at the end.
+
+    python benchmarks/rank_bench.py sweep --collective allreduce --sizes 4K,1M --variants gloo,adaptive
+    python benchmarks/rank_bench.py p2p --size 64M --paths 1,2,4,8
+    python benchmarks/rank_bench.py chunks --size 64M --chunks 12800,51200
+    python benchmarks/rank_bench.py barrier --variants latency,round_robin
+    python benchmarks/rank_bench.py models --model vgg19 [--buckets-only]
+    python benchmarks/rank_bench.py setup --paths 1,2,4,8
+    python benchmarks/rank_bench.py discover --trials 20
+    python benchmarks/rank_bench.py loop --size 16M --seconds 12
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import maestro_torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from allreduce_bench import parse_size  # noqa: E402
+
+MAESTRO_POLICIES = ("adaptive", "round_robin", "weighted", "latency", "single")
+
+
+def log(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+GROUP_TIMEOUT = datetime.timedelta(seconds=300)  # set from --timeout
+
+
+def new_group(**kw):
+    """dist.new_group with the run's timeout (new_group's default is 30 min)."""
+    return dist.new_group(timeout=GROUP_TIMEOUT, **kw)
+
+
+def make_group(variant: str, extra: dict | None = None):
+    """A process group for `variant`: "gloo", or a maestro policy name (with
+    the given extra Options)."""
+    if variant == "gloo":
+        return new_group(backend="gloo")
+    return new_group(backend="maestro", pg_options=maestro_torch.Options(policy=variant, **(extra or {})))
+
+
+def maestro_extra(args) -> dict:
+    out = {}
+    if getattr(args, "discovery", False):
+        out["discovery"] = "ttl"
+    return out
+
+
+def timed(fn, group, iters: int) -> list[float]:
+    """Run fn() iters times; the slowest rank's time of each."""
+    times = []
+    for _ in range(iters):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    worst = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # over the world group (bookkeeping)
+    return worst.tolist()
+
+
+def iterations_for(size: int, budget_s: float, est_Bps: float, lo: int = 2, hi: int = 20) -> int:
+    return max(lo, min(hi, int(budget_s / max(size / est_Bps, 1e-4))))
+
+
+def emit(result: dict) -> None:
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+# ---------------------------------------------------------------- sweep
+
+def cmd_sweep(args):
+    """nccl-tests style: allreduce or allgather over message sizes, busbw and
+    algbw per variant."""
+    n = dist.get_world_size()
+    variants = args.variants.split(",")
+    groups = {v: make_group(v, maestro_extra(args)) for v in variants}
+    log("READY")
+    rows = []
+    for size in [parse_size(s) for s in args.sizes.split(",")]:
+        for v in variants:
+            g = groups[v]
+            if args.collective == "allreduce":
+                t = torch.ones(max(size // 4, 1))
+                fn = lambda: dist.all_reduce(t, group=g)  # noqa: E731
+                factor = 2 * (n - 1) / n
+            else:  # size = the gathered output, as nccl-tests counts it
+                x = torch.ones(max(size // 4 // n, 1))
+                out = torch.empty(x.numel() * n)
+                fn = lambda: dist.all_gather_into_tensor(out, x, group=g)  # noqa: E731
+                factor = (n - 1) / n
+            fn()  # warm-up: registration, connections ramp-up
+            times = timed(fn, g, iterations_for(size, args.budget, 50e6))
+            med = statistics.median(times)
+            rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
+                         "busbw_GBps": size / med / 1e9 * factor, "iters": len(times)})
+            log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw")
+    emit({"collective": args.collective, "world": n, "rows": rows})
+
+
+# ---------------------------------------------------------------- p2p
+
+def cmd_p2p(args):
+    """Point-to-point bandwidth vs number of paths: rank 0 writes to rank 1
+    (a 2-rank broadcast is exactly one chain of one-sided writes), with
+    MAESTRO_CHUNK_SIZE=64K as the paper's 64 KiB perftest writes; gloo beside
+    it. Also the CPU time each process spent per transferred GB."""
+    size = parse_size(args.size)
+    paths = [int(p) for p in args.paths.split(",")]
+    groups = {f"maestro-{k}": new_group(backend="maestro", pg_options=maestro_torch.Options(
+        paths=k, chunk_size="64K", policy="round_robin")) for k in paths}
+    groups["gloo"] = new_group(backend="gloo")
+    log("READY")
+    t = torch.ones(size // 4)
+    rows = []
+    for name, g in groups.items():
+        fn = lambda: dist.broadcast(t, src=0, group=g)  # noqa: E731
+        fn()
+        cpu0 = time.process_time()
+        times = timed(fn, g, args.iters)
+        cpu = time.process_time() - cpu0
+        cpus = [None] * dist.get_world_size()
+        dist.all_gather_object(cpus, cpu)
+        med = statistics.median(times)
+        rows.append({"variant": name, "paths": int(name.split("-")[1]) if name != "gloo" else 1, "bytes": size,
+                     "seconds": med, "gbps": size * 8 / med / 1e9,
+                     "cpu_s_per_GB": [c / (size * len(times) / 1e9) for c in cpus]})
+        log(f"  p2p {name:12} {size * 8 / med / 1e9:6.3f} Gbit/s")
+    emit({"rows": rows})
+
+
+# ---------------------------------------------------------------- chunks
+
+def cmd_chunks(args):
+    """Chunk size: allreduce throughput and the distribution of per-chunk
+    completion times (post to ACK) for each chunk size."""
+    n = dist.get_world_size()
+    size = parse_size(args.size)
+    chunks = [int(c) for c in args.chunks.split(",")]
+    groups = {c: new_group(backend="maestro", pg_options=maestro_torch.Options(chunk_size=c)) for c in chunks}
+    log("READY")
+    t = torch.ones(size // 4)
+    rows = []
+    for c, g in groups.items():
+        dist.all_reduce(t, group=g)
+        maestro_torch.backend_of(g).chunk_times(clear=True)
+        times = timed(lambda: dist.all_reduce(t, group=g), g, args.iters)
+        samples = maestro_torch.backend_of(g).chunk_times(clear=True)
+        everyone = [None] * n
+        dist.all_gather_object(everyone, samples)
+        med = statistics.median(times)
+        rows.append({"chunk": c, "seconds": med, "busbw_GBps": size / med / 1e9 * 2 * (n - 1) / n,
+                     "chunk_times_s": [x for s in everyone for x in s][:20000]})
+        log(f"  chunk {c:>7} {size / med / 1e9 * 2 * (n - 1) / n * 1e3:7.1f} MB/s busbw")
+    emit({"bytes": size, "rows": rows})
+
+
+# ---------------------------------------------------------------- barrier
+
+def cmd_barrier(args):
+    """Latency-aware path choice: barrier and tiny-allreduce times per policy."""
+    variants = args.variants.split(",")
+    groups = {v: make_group(v) for v in variants}
+    log("READY")
+    time.sleep(args.settle)  # probes measure each path's RTT meanwhile
+    rows = []
+    tiny = torch.ones(16)
+    for v, g in groups.items():
+        for _ in range(3):
+            dist.barrier(group=g)
+        b = timed(lambda: dist.barrier(group=g), g, args.iters)
+        a = timed(lambda: dist.all_reduce(tiny, group=g), g, args.iters)
+        row = {"variant": v, "barrier_s": statistics.median(b), "tiny_allreduce_s": statistics.median(a)}
+        if v != "gloo":
+            row["rtt_ms"] = [round(s["rtt_s"] * 1e3, 2) for s in maestro_torch.path_stats(g)]
+        rows.append(row)
+        log(f"  {v:12} barrier {row['barrier_s'] * 1e3:7.2f} ms  64-byte allreduce {row['tiny_allreduce_s'] * 1e3:7.2f} ms")
+    emit({"rows": rows})
+
+
+# ---------------------------------------------------------------- models
+
+def cmd_models(args):
+    """Gradient synchronisation of a model under DDP, maestro vs gloo: time
+    per iteration, compute alone (no_sync), and the exposed communication.
+    --buckets-only skips forward/backward: the model's gradient buckets (DDP's
+    25 MB buckets, in DDP's reverse order) are allreduced as DDP would."""
+    import models
+
+    n = dist.get_world_size()
+    variants = args.variants.split(",")
+    groups = {v: make_group(v) for v in variants}
+    shapes = models.parameter_shapes(args.model)
+    numels = [int(torch.Size(s).numel()) for s in shapes]
+    log(f"READY {args.model}: {sum(numels) / 1e6:.1f} M parameters")
+    rows = []
+    if args.buckets_only:
+        buckets = models.ddp_buckets(numels, cap_bytes=25 << 20)
+        tensors = [torch.ones(b) for b in buckets]
+        for v, g in groups.items():
+            def sync():
+                works = [dist.all_reduce(x, group=g, async_op=True) for x in tensors]
+                for w in works:
+                    w.wait()
+            if not args.no_warmup:
+                sync()
+            times = timed(sync, g, args.iters)
+            rows.append({"variant": v, "sync_s": statistics.median(times), "buckets": len(buckets),
+                         "bytes": sum(buckets) * 4, "warmup": not args.no_warmup})
+            log(f"  {args.model} {v:10} gradient sync {statistics.median(times):7.2f} s ({len(buckets)} buckets)")
+    else:
+        torch.manual_seed(0)
+        torch.set_num_threads(1)
+        for v, g in groups.items():
+            model = models.build(args.model)
+            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g)
+            opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+            batch = models.batch(args.model, args.batch)
+
+            def step(sync=True):
+                opt.zero_grad(set_to_none=False)
+                if sync:
+                    models.loss(args.model, ddp, batch).backward()
+                else:
+                    with ddp.no_sync():
+                        models.loss(args.model, ddp, batch).backward()
+                opt.step()
+            step()  # warm-up
+            full = timed(step, g, args.iters)
+            compute = timed(lambda: step(sync=False), g, args.iters)
+            it, comp = statistics.median(full), statistics.median(compute)
+            rows.append({"variant": v, "iteration_s": it, "compute_s": comp, "exposed_comm_s": max(0.0, it - comp),
+                         "bytes": sum(numels) * 4})
+            log(f"  {args.model} {v:10} iteration {it:7.2f} s, compute {comp:7.2f} s, exposed comm {it - comp:7.2f} s")
+            del ddp, model, opt
+    emit({"model": args.model, "parameters": sum(numels), "world": n, "buckets_only": args.buckets_only,
+          "rows": rows})
+
+
+# ---------------------------------------------------------------- setup
+
+def cmd_setup(args):
+    """Connection set-up cost vs number of paths: the time to create a group."""
+    rows = []
+    log("READY")
+    for k in [int(p) for p in args.paths.split(",")]:
+        samples = []
+        for _ in range(args.iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            g = new_group(backend="maestro", pg_options=maestro_torch.Options(paths=k))
+            dist.barrier(group=g)
+            samples.append(time.perf_counter() - t0)
+            dist.destroy_process_group(g)
+        worst = torch.tensor(samples, dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        rows.append({"paths": k, "setup_s": statistics.median(worst.tolist())})
+        log(f"  set-up with {k} paths: {rows[-1]['setup_s'] * 1e3:.0f} ms")
+    emit({"rows": rows})
+
+
+# ---------------------------------------------------------------- discover
+
+def cmd_discover(args):
+    """Disjoint path discovery trials (ECMP mode): a fresh group with
+    MAESTRO_DISCOVERY=ttl again and again; each time the core hops of the
+    paths to the ring's right neighbour (the data direction), the set-up
+    time, and whether an allreduce on it is correct."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right = (rank + 1) % n
+    log("READY")
+    trials = []
+    for _ in range(args.trials):
+        t0 = time.time()
+        g = new_group(backend="maestro", pg_options=maestro_torch.Options(discovery="ttl"))
+        setup = time.time() - t0
+        t = torch.full((4096,), float(rank))
+        dist.all_reduce(t, group=g)
+        hops = [s["route"] for s in maestro_torch.path_stats(g) if s["peer"] == right]
+        dist.barrier(group=g)
+        dist.destroy_process_group(g)
+        trials.append({"setup_s": setup, "ok": bool(torch.all(t == sum(range(n)))), "hops_to_right": hops})
+    everyone = [None] * n
+    dist.all_gather_object(everyone, trials)
+    emit({"world": n, "trials": everyone})
+
+
+# ---------------------------------------------------------------- loop
+
+def cmd_loop(args):
+    """Allreduces for a while, every result checked exactly, with per-iteration
+    times and path-state snapshots (failover, path detection, resiliency)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    g = new_group(backend=args.backend) if args.backend == "gloo" else \
+        new_group(backend="maestro", pg_options=maestro_torch.Options(**maestro_extra(args)))
+    elems = parse_size(args.size) // 4
+    base = torch.arange(elems, dtype=torch.int64) % 1000
+    expected = (n * base + n * (n - 1) // 2).to(torch.float32)
+    dist.barrier(group=g)
+    log("READY")
+    if rank == 0:
+        print("READY", flush=True)
+    iters = []
+    start = time.time()
+    while True:
+        t = (base + rank).to(torch.float32)
+        dist.barrier(group=g)
+        t0 = time.time()
+        dist.all_reduce(t, group=g)
+        it = {"start": t0 - start, "seconds": time.time() - t0, "ok": bool(torch.equal(t, expected))}
+        if args.backend != "gloo":
+            it["paths"] = [{k: s[k] for k in ("peer", "path", "state", "bytes_sent", "resent", "reconnects", "route")}
+                           for s in maestro_torch.path_stats(g)]
+        iters.append(it)
+        # Every rank stops at the same iteration.
+        go = torch.tensor([1.0 if time.time() - start < args.seconds or len(iters) < args.min_iters else 0.0])
+        dist.all_reduce(go, op=dist.ReduceOp.MIN, group=g)
+        if go.item() == 0:
+            break
+    everyone = [None] * n
+    dist.all_gather_object(everyone, iters)
+    emit({"world": n, "bytes": elems * 4, "iters": iters, "ranks": everyone})
+
+
+def main():
+    faulthandler.register(__import__("signal").SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--timeout", type=float, default=300, help="group timeout, seconds")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("sweep")
+    p.add_argument("--collective", choices=["allreduce", "allgather"], default="allreduce")
+    p.add_argument("--sizes", default="4K,64K,1M,16M")
+    p.add_argument("--variants", default="gloo," + ",".join(MAESTRO_POLICIES))
+    p.add_argument("--budget", type=float, default=2.0, help="seconds per size and variant")
+    p.add_argument("--discovery", action="store_true", help="maestro groups use MAESTRO_DISCOVERY=ttl")
+    p = sub.add_parser("p2p")
+    p.add_argument("--size", default="64M")
+    p.add_argument("--paths", default="1,2,3,4,5,6,7,8")
+    p.add_argument("--iters", type=int, default=3)
+    p = sub.add_parser("chunks")
+    p.add_argument("--size", default="64M")
+    p.add_argument("--chunks", default="12800,25600,51200,102400,204800,409600")
+    p.add_argument("--iters", type=int, default=3)
+    p = sub.add_parser("barrier")
+    p.add_argument("--variants", default="latency,adaptive,round_robin,gloo")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--settle", type=float, default=2.0)
+    p = sub.add_parser("models")
+    p.add_argument("--model", choices=["vgg19", "bert-large"], default="vgg19")
+    p.add_argument("--variants", default="adaptive,gloo")
+    p.add_argument("--buckets-only", action="store_true")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--no-warmup", action="store_true", help="--buckets-only: time the first sync too (registration "
+                                                              "on first use included)")
+    p = sub.add_parser("setup")
+    p.add_argument("--paths", default="1,2,4,8")
+    p.add_argument("--iters", type=int, default=3)
+    p = sub.add_parser("discover")
+    p.add_argument("--trials", type=int, default=20)
+    p = sub.add_parser("loop")
+    p.add_argument("--size", default="16M")
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--min-iters", type=int, default=1)
+    p.add_argument("--backend", default="maestro")
+    p.add_argument("--discovery", action="store_true")
+    args = ap.parse_args()
+    # The world group does the bookkeeping (barriers, timing reductions);
+    # everything measured runs on groups made for it. It is gloo, except for
+    # `loop`, which runs while links are cut: gloo's one connection per pair
+    # may hash onto a cut spine, maestro's bookkeeping moves off it.
+    world = "maestro" if args.cmd == "loop" else "gloo"
+    global GROUP_TIMEOUT
+    GROUP_TIMEOUT = datetime.timedelta(seconds=args.timeout)
+    dist.init_process_group(world, timeout=GROUP_TIMEOUT)
+    globals()["cmd_" + args.cmd](args)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

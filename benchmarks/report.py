@@ -1,0 +1,498 @@
+"""Turn the suite's JSON (benchmarks/suite.py) into docs/results.md: a table
+and a PNG plot per experiment, with the command that produced it and the
+machine it ran on; and the headline table at the top of README.md (between
+its results markers). Every number comes from the JSON.
+
+    python benchmarks/report.py [--data docs/results/data] [--out docs] [--readme README.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+MBYTE = 1e6
+
+
+def load(folder: str) -> dict:
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                rec = json.load(f)
+            out[rec["experiment"]] = rec
+    return out
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    def cell(x):
+        if isinstance(x, float):
+            return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+        return str(x)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def provenance(rec: dict) -> str:
+    m = rec["machine"]
+    return (f"\n*Measured {rec['date']} with `{rec['command']}` ({'quick' if rec['quick'] else 'full'} mode, "
+            f"{rec['seconds']:.0f} s) on {m['cores']} cores ({m['cpu']}), {m['memory_GiB']} GiB, Linux {m['kernel']}, "
+            f"torch {m['torch']}, maestro {m['maestro_commit']}. Lab: {rec['data'].get('lab', '')}.*\n")
+
+
+def save(fig, out: str, name: str) -> str:
+    path = os.path.join(out, "results", f"{name}.png")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"![{name}](results/{name}.png)"
+
+
+def busbw_of_iter(it: dict, nbytes: int, world: int) -> float:
+    return nbytes / it["seconds"] * 2 * (world - 1) / world / MBYTE
+
+
+# ---------------------------------------------------------------- sections
+
+def sec_p2p_paths(rec, out):
+    rows = rec["data"]["rows"]
+    maestro = [r for r in rows if r["variant"] != "gloo"]
+    gloo = next(r for r in rows if r["variant"] == "gloo")
+    one = next((r for r in maestro if r["paths"] == 1), maestro[0])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot([r["paths"] for r in maestro], [r["gbps"] for r in maestro], "o-", label="maestro")
+    ax.axhline(gloo["gbps"], color="gray", ls="--", label="gloo (one flow)")
+    ax.axhline(rec["data"]["access_mbit"] / 1000, color="red", ls=":", label="access link")
+    ax.set_xlabel("paths")
+    ax.set_ylabel("Gbit/s")
+    ax.set_title("Point-to-point bandwidth vs paths (64 KiB chunks)")
+    ax.legend()
+    body = table(["paths", "Gbit/s", "x one path", "x gloo"],
+                 [[r["paths"], r["gbps"], r["gbps"] / one["gbps"], r["gbps"] / gloo["gbps"]] for r in maestro]
+                 + [["gloo", gloo["gbps"], gloo["gbps"] / one["gbps"], 1.0]])
+    return ("Point-to-point bandwidth vs number of paths (paper Fig. 8)",
+            f"Rank 0 writes 64 KiB chunks to rank 1 across the core ({rec['data']['core_mbit']} Mbit/s per "
+            f"spine link, {rec['data']['access_mbit']} Mbit/s access): bandwidth grows with each path until the "
+            f"access link saturates.\n\n{body}\n\n{save(fig, out, 'p2p_paths')}")
+
+
+def sec_chunk_size(rec, out):
+    rows = rec["data"]["rows"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    a1.boxplot([[t * 1e3 for t in r["chunk_times_s"]] for r in rows], showfliers=True, flierprops={"markersize": 2})
+    a1.set_xticks(range(1, len(rows) + 1), [f"{r['chunk'] / 1024:g}K" for r in rows])
+    a1.set_yscale("log")
+    a1.set_ylabel("chunk completion time (ms)")
+    a1.set_xlabel("chunk size")
+    a2.plot([r["chunk"] / 1024 for r in rows], [r["busbw_GBps"] * 1e3 for r in rows], "o-")
+    a2.set_xscale("log")
+    a2.set_xlabel("chunk size (KiB)")
+    a2.set_ylabel("allreduce busbw (MB/s)")
+    body = table(["chunk", "busbw MB/s", "median chunk ms", "p90 chunk ms", "p99 chunk ms"],
+                 [[f"{r['chunk'] / 1024:g} KiB", r["busbw_GBps"] * 1e3, statistics.median(r["chunk_times_s"]) * 1e3,
+                   sorted(r["chunk_times_s"])[int(0.9 * len(r["chunk_times_s"]))] * 1e3,
+                   sorted(r["chunk_times_s"])[int(0.99 * len(r["chunk_times_s"]))] * 1e3] for r in rows])
+    best = max(rows, key=lambda r: r["busbw_GBps"])
+    return ("Chunk size (paper Fig. 9)",
+            f"Allreduce of {rec['data']['bytes'] >> 20} MiB on 4 ranks; per-chunk completion times (post to ACK) of "
+            f"every rank. Best throughput on this lab: **{best['chunk'] / 1024:g} KiB** chunks.\n\n{body}\n\n"
+            f"{save(fig, out, 'chunk_size')}")
+
+
+def sec_collectives(rec, out):
+    limit = rec["data"]["physical_limit_GBps"] * 1e3
+    parts = []
+    for key, run in rec["data"]["runs"].items():
+        rows = run["rows"]
+        variants = list(dict.fromkeys(r["variant"] for r in rows))
+        sizes = sorted({r["bytes"] for r in rows})
+        get = {(r["variant"], r["bytes"]): r for r in rows}
+        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        for v in variants:
+            ax.plot(sizes, [get[(v, s)]["busbw_GBps"] * 1e3 for s in sizes], "o-" if v != "gloo" else "s--", label=v)
+        ax.axhline(limit, color="red", ls=":", label="physical limit")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("busbw (MB/s)")
+        ax.set_title(key)
+        ax.legend(fontsize=8)
+        hdr = ["size"] + [f"{v} busbw MB/s" for v in variants] + ["best maestro / gloo"]
+        trs = []
+        for s in sizes:
+            g = get[("gloo", s)]["busbw_GBps"]
+            best = max(get[(v, s)]["busbw_GBps"] for v in variants if v != "gloo")
+            trs.append([f"{s / 1024:g} KiB" if s < 1 << 20 else f"{s >> 20} MiB"]
+                       + [get[(v, s)]["busbw_GBps"] * 1e3 for v in variants] + [best / g])
+        parts.append(f"**{key}** (ECMP mode: maestro groups use MAESTRO_DISCOVERY=ttl)\n\n" if key.startswith("ecmp")
+                     else f"**{key}**\n\n")
+        parts[-1] += table(hdr, trs) + "\n\n" + save(fig, out, "collectives_" + key.replace("/", "_"))
+    return ("Collectives vs gloo (paper Fig. 10)",
+            f"nccl-tests busbw on 4 ranks (the ring crosses the core twice; physical limit {limit:.0f} MB/s = the "
+            f"sum of the 4 core links one crossing uses, each {rec['data']['core_mbit']} Mbit/s), every load "
+            "balancing policy and gloo in the same processes.\n\n" + "\n\n".join(parts))
+
+
+def sec_models(rec, out):
+    runs = rec["data"]["runs"]
+    parts, labels, vals = [], [], {}
+    for key, run in runs.items():
+        model, mode = key.split("/")
+        rows = {r["variant"]: r for r in run["rows"]}
+        g = rows.get("gloo")
+        if mode == "buckets":
+            trs = [[v, r["sync_s"], (1 - r["sync_s"] / g["sync_s"]) * 100 if g and v != "gloo" else ""]
+                   for v, r in rows.items()]
+            parts.append(f"**{model}**, gradient buckets only ({run['parameters'] / 1e6:.1f} M parameters, "
+                         f"{run['rows'][0]['buckets']} DDP buckets)\n\n"
+                         + table(["backend", "sync s / iteration", "% less than gloo"], trs))
+            for v, r in rows.items():
+                vals.setdefault(v, []).append(r["sync_s"])
+            labels.append(f"{model}\n(sync)")
+        else:
+            trs = [[v, r["iteration_s"], r["compute_s"], r["exposed_comm_s"],
+                    (1 - r["exposed_comm_s"] / g["exposed_comm_s"]) * 100 if g and v != "gloo" and g["exposed_comm_s"] else ""]
+                   for v, r in rows.items()]
+            parts.append(f"**{model}** under DDP (forward and backward on 4 ranks sharing 2 cores)\n\n"
+                         + table(["backend", "iteration s", "compute s", "exposed comm s", "% less comm than gloo"], trs))
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    width = 0.8 / max(1, len(vals))
+    for i, (v, ys) in enumerate(vals.items()):
+        ax.bar([x + i * width for x in range(len(ys))], ys, width, label=v)
+    ax.set_xticks([x + width * (len(vals) - 1) / 2 for x in range(len(labels))], labels)
+    ax.set_ylabel("seconds per iteration")
+    ax.legend()
+    return ("Models (paper Fig. 11)", "Gradient synchronisation per iteration on 4 ranks of the pinned lab.\n\n"
+            + "\n\n".join(parts) + "\n\n" + save(fig, out, "models"))
+
+
+def path_bytes(iters: list, peer: int) -> dict:
+    first, last = iters[0]["paths"], iters[-1]["paths"]
+    f = {p["path"]: p["bytes_sent"] for p in first if p["peer"] == peer}
+    return {p["path"]: p["bytes_sent"] - f[p["path"]] for p in last if p["peer"] == peer}
+
+
+def sec_load_balance(rec, out):
+    d = rec["data"]
+    residual = d["residual_mbit"]
+    share_res = [r / sum(residual) for r in residual]
+    trs, shares = [], {}
+    residual_GBps = sum(residual) / 8 / 1000 * 0.955  # TCP payload over the shaped links
+    for policy, run in d["runs"].items():
+        it = run["ranks"][1][1:]  # rank 1 writes to rank 2 across the loaded spines
+        b = path_bytes(run["ranks"][1], 2)
+        tot = sum(b.values()) or 1
+        shares[policy] = [b[p] / tot for p in sorted(b)]
+        bw = statistics.median(busbw_of_iter(x, run["bytes"], run["world"]) for x in it)
+        trs.append([policy, bw, bw / (sum(residual) / 8), *[f"{s:.2f}" for s in shares[policy]]])
+    ad = next((r for r in trs if r[0] == "adaptive"), None)
+    rr = next((r for r in trs if r[0] == "round_robin"), None)
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    width = 0.8 / (len(shares) + 1)
+    ax.bar([s - 0.4 + width / 2 for s in range(4)], share_res, width, label="residual capacity", color="black")
+    for i, (p, sh) in enumerate(shares.items()):
+        ax.bar([s - 0.4 + width * (i + 1.5) for s in range(4)], sh, width, label=p)
+    ax.set_xticks(range(4), [f"spine {s}\n({d['background_mbit'].get(str(s), 0)} Mbit bg)" for s in range(4)])
+    ax.set_ylabel("share of bytes")
+    ax.legend(fontsize=8)
+    note = ""
+    if ad and rr:
+        note = (f"adaptive reaches **{ad[2]:.2f} x the residual capacity** and **{ad[1] / rr[1]:.2f} x round_robin**. ")
+    return ("Load balance under background traffic (paper Fig. 12c)",
+            f"UDP background at {', '.join(f'{m} Mbit/s on spine {s}' for s, m in d['background_mbit'].items())} "
+            f"(h1 to h3); the ring's 1-to-2 crossing shares those links. Residual capacity "
+            f"{sum(residual)} Mbit/s = {sum(residual) / 8:.1f} MB/s. {note}\n\n"
+            + table(["policy", "busbw MB/s", "x residual", *[f"spine {s} share" for s in range(4)]],
+                    trs + [["residual capacity", sum(residual) / 8, 1.0, *[f"{s:.2f}" for s in share_res]]])
+            + "\n\n" + save(fig, out, "load_balance"))
+
+
+def timeline(rec, out, name, title, text):
+    d = rec["data"]
+    its = d["iters"]
+    t = [it["start"] for it in its]
+    bw = [busbw_of_iter(it, d["bytes"], d["world"]) for it in its]
+    up = [sum(1 for p in it["paths"] if p["peer"] == 1 and p["state"] == "up") for it in its]
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.plot(t, bw, ".-", label="allreduce busbw")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("busbw (MB/s)")
+    ax2 = ax.twinx()
+    ax2.step(t, up, where="post", color="green", alpha=0.5, label="paths up (rank 0 -> 1)")
+    ax2.set_ylim(0, 5)
+    ax2.set_ylabel("paths up")
+    # Align event times (measured from READY) with iteration starts.
+    for e in d["events"]:
+        ax.axvline(e["t"], color="red", ls=":")
+        ax.text(e["t"], max(bw) * 0.95, e["event"], rotation=90, fontsize=7, va="top")
+    ax.set_title(title)
+    phases, bounds = [], [0.0] + [e["t"] for e in d["events"]] + [1e9]
+    for i in range(len(bounds) - 1):
+        sel = [b for tt, b in zip(t, bw) if bounds[i] <= tt < bounds[i + 1]]
+        okp = all(it["ok"] for tt, it in zip(t, its) if bounds[i] <= tt < bounds[i + 1])
+        label = "start" if i == 0 else d["events"][i - 1]["event"]
+        if sel:
+            phases.append([f"after {label}", len(sel), statistics.median(sel), max(it["seconds"] for tt, it in zip(t, its)
+                                                                                 if bounds[i] <= tt < bounds[i + 1]), okp])
+    allok = all(it["ok"] for r in d["ranks"] for it in r)
+    return (title, text + f" Every result exact on every rank: **{allok}**.\n\n"
+            + table(["phase", "iterations", "median busbw MB/s", "slowest iteration s", "all exact"], phases)
+            + "\n\n" + save(fig, out, name))
+
+
+def sec_detection(rec, out):
+    return timeline(rec, out, "detection", "Path detection (paper Fig. 12d)",
+                    "Training (16 MiB allreduces in a loop) starts with the L0 links to spines 1-3 down, so only one "
+                    "path per crossing connects; the links come up one by one and each path is reconnected and used "
+                    "as soon as it answers.")
+
+
+def sec_resiliency(rec, out):
+    return timeline(rec, out, "resiliency", "Resiliency (paper Fig. 12e)",
+                    "The L0 links to spines 3, 2 and 1 are cut one by one during training (blackholes: the paths "
+                    "stall and are detected after MAESTRO_PATH_TIMEOUT=1 s); their chunks move to the remaining "
+                    "paths.")
+
+
+def sec_latency(rec, out):
+    rows = rec["data"]["rows"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.bar([r["variant"] for r in rows], [r["barrier_s"] * 1e3 for r in rows])
+    ax.set_ylabel("barrier (ms)")
+    lat = next((r for r in rows if r["variant"] == "latency"), None)
+    others = [r for r in rows if r["variant"] not in ("latency", "gloo")]
+    note = ""
+    if lat and others:
+        note = (f"The latency policy's barrier is **{min(r['barrier_s'] for r in others) / lat['barrier_s']:.1f} x "
+                f"faster** than the next best maestro policy. ")
+    return ("Latency-aware path choice (paper Fig. 12f)",
+            "Saturating TCP background fills the shaper queues of spines 0-2; spine 3 stays idle. Small messages "
+            f"(barrier tokens, a 64-byte allreduce) take the lowest-RTT path under the latency policy. {note}\n\n"
+            + table(["variant", "barrier ms", "64-byte allreduce ms", "probe RTT per path (ms)"],
+                    [[r["variant"], r["barrier_s"] * 1e3, r["tiny_allreduce_s"] * 1e3, r.get("rtt_ms", "")] for r in rows])
+            + "\n\n" + save(fig, out, "latency"))
+
+
+def sec_overheads(rec, out):
+    d = rec["data"]
+    p2p = [r for r in d["p2p"]["rows"] if r["variant"] != "gloo"]
+    setup = d["setup"]["rows"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a1.plot([r["paths"] for r in p2p], [max(r["cpu_s_per_GB"]) for r in p2p], "o-", label="busier rank")
+    a1.set_xlabel("paths")
+    a1.set_ylabel("CPU s per GB moved")
+    a2.plot([r["paths"] for r in setup], [r["setup_s"] * 1e3 for r in setup], "o-")
+    a2.set_xlabel("paths")
+    a2.set_ylabel("group set-up (ms)")
+    return ("Overheads (paper Fig. 13, Table 3)",
+            "CPU time of each rank process (all threads) per GB transferred point to point at line rate, and the "
+            "time to create a group (rendezvous, connections) vs the number of paths.\n\n"
+            + table(["paths", "Gbit/s", "CPU s/GB sender", "CPU s/GB receiver"],
+                    [[r["paths"], r["gbps"], r["cpu_s_per_GB"][0], r["cpu_s_per_GB"][1]] for r in p2p]) + "\n\n"
+            + table(["paths", "set-up ms"], [[r["paths"], r["setup_s"] * 1e3] for r in setup])
+            + "\n\n" + save(fig, out, "overheads"))
+
+
+def sec_discovery(rec, out):
+    trials = rec["data"]["trials"]
+    n = rec["data"]["world"]
+    res = []
+    for rank in range(n):
+        for t in trials[rank]:
+            hops = [h for h in t["hops_to_right"] if h]
+            res.append((rank, len(set(hops)), t["setup_s"], t["ok"]))
+    crossing = [r for r in res if r[0] in (1, 3)]  # ranks whose right neighbour is across the core
+    good = sum(1 for r in crossing if r[1] == 4)
+    return ("Disjoint path discovery under ECMP (paper §4.1)",
+            f"In ECMP mode (no pinning) each fresh group runs discovery; a trial succeeds when the 4 paths of a "
+            f"core crossing (ranks 1->2 and 3->0) take 4 distinct spines. **{good} of {len(crossing)} "
+            f"({100 * good / max(1, len(crossing)):.0f} %)** succeeded; median group set-up "
+            f"{statistics.median(r[2] for r in res):.2f} s; every allreduce correct: {all(r[3] for r in res)}.\n")
+
+
+SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
+            "models": sec_models, "load_balance": sec_load_balance, "detection": sec_detection,
+            "resiliency": sec_resiliency, "latency": sec_latency, "overheads": sec_overheads,
+            "discovery": sec_discovery}
+
+
+# ---------------------------------------------------------------- sanity
+
+def sanity(recs: dict) -> list[str]:
+    """What a smoke run must show (not speed): every experiment ran, every
+    figure is a positive number, every checked result was exact, and the
+    fault experiments saw what they injected."""
+    bad = []
+
+    def positive(name, what, x):
+        if not (isinstance(x, (int, float)) and x > 0 and x == x and x != float("inf")):
+            bad.append(f"{name}: {what} = {x!r}, expected a positive number")
+
+    for name, rec in recs.items():
+        if rec["status"] != "ok":
+            bad.append(f"{name}: {rec['status']}: {rec['data'].get('error', '')[-300:]}")
+            continue
+        d = rec["data"]
+        try:
+            if name in ("p2p_paths",):
+                for r in d["rows"]:
+                    positive(name, f"{r['variant']} Gbit/s", r["gbps"])
+            elif name == "chunk_size":
+                for r in d["rows"]:
+                    positive(name, f"{r['chunk']} busbw", r["busbw_GBps"])
+                    positive(name, f"{r['chunk']} chunk samples", len(r["chunk_times_s"]))
+                    positive(name, f"{r['chunk']} smallest chunk time", min(r["chunk_times_s"]))
+            elif name == "collectives":
+                for key, run in d["runs"].items():
+                    for r in run["rows"]:
+                        positive(name, f"{key} {r['variant']} {r['bytes']} B busbw", r["busbw_GBps"])
+            elif name == "models":
+                for key, run in d["runs"].items():
+                    for r in run["rows"]:
+                        positive(name, f"{key} {r['variant']} seconds", r.get("sync_s", r.get("iteration_s")))
+            elif name == "load_balance":
+                for policy, run in d["runs"].items():
+                    its = run["ranks"][1][1:]
+                    positive(name, f"{policy} iterations", len(its))
+                    positive(name, f"{policy} busbw", statistics.median(busbw_of_iter(x, run["bytes"], run["world"])
+                                                                          for x in its))
+                    if not all(it["ok"] for r in run["ranks"] for it in r):
+                        bad.append(f"{name}: {policy}: an allreduce result was wrong")
+            elif name in ("detection", "resiliency"):
+                positive(name, "iterations", len(d["iters"]))
+                if not all(it["ok"] for r in d["ranks"] for it in r):
+                    bad.append(f"{name}: an allreduce result was wrong")
+                if len(d["events"]) != 3:
+                    bad.append(f"{name}: {len(d['events'])} of 3 link events happened during the run")
+                down = sum(1 for r in d["ranks"] for p in r[-1]["paths"] if p["state"] == "down")
+                if name == "detection" and down:
+                    bad.append(f"detection: {down} paths still down at the end (every link was up)")
+                if name == "resiliency" and not down:
+                    bad.append("resiliency: no path was seen down after 3 links were cut")
+            elif name == "latency":
+                for r in d["rows"]:
+                    positive(name, f"{r['variant']} barrier", r["barrier_s"])
+            elif name == "overheads":
+                for r in d["p2p"]["rows"]:
+                    positive(name, f"{r['variant']} Gbit/s", r["gbps"])
+                for r in d["setup"]["rows"]:
+                    positive(name, f"set-up with {r['paths']} paths", r["setup_s"])
+            elif name == "discovery":
+                trials = [t for r in d["trials"] for t in r]
+                positive(name, "trials", len(trials))
+                if not all(t["ok"] for t in trials):
+                    bad.append("discovery: an allreduce after discovery was wrong")
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            bad.append(f"{name}: malformed record ({type(e).__name__}: {e})")
+    return bad
+
+
+# ---------------------------------------------------------------- headline
+
+def headline(recs: dict) -> list[list]:
+    rows = []
+    col = recs.get("collectives")
+    if col and col["status"] == "ok":
+        limit = col["data"]["physical_limit_GBps"] * 1e3
+        for mode in ("pinned", "ecmp"):
+            run = col["data"]["runs"].get(f"{mode}/allreduce")
+            if not run:
+                continue
+            size = max(r["bytes"] for r in run["rows"])
+            get = {r["variant"]: r for r in run["rows"] if r["bytes"] == size}
+            m, g = get["adaptive"]["busbw_GBps"] * 1e3, get["gloo"]["busbw_GBps"] * 1e3
+            rows.append([f"allreduce {size >> 20} MiB busbw, {mode}" + (" + discovery" if mode == "ecmp" else ""),
+                         f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", f"{g:.0f} MB/s", f"**{m / g:.2f}x**",
+                         "≥ 2x on collectives"])
+    mod = recs.get("models")
+    if mod and mod["status"] == "ok":
+        for key, run in mod["data"]["runs"].items():
+            r = {x["variant"]: x for x in run["rows"]}
+            if "gloo" not in r or "adaptive" not in r:
+                continue
+            field = "sync_s" if key.endswith("buckets") else "exposed_comm_s"
+            m, g = r["adaptive"][field], r["gloo"][field]
+            what = "gradient sync" if key.endswith("buckets") else "exposed comm (DDP)"
+            rows.append([f"{key.split('/')[0]} {what} per iteration", f"{m:.2f} s", f"{g:.2f} s",
+                         f"**{(1 - m / g) * 100:.0f} % less**", "up to 66.7 % less transport time"])
+    lb = recs.get("load_balance")
+    if lb and lb["status"] == "ok":
+        d = lb["data"]
+        bws = {p: statistics.median(busbw_of_iter(x, run["bytes"], run["world"]) for x in run["ranks"][1][1:])
+               for p, run in d["runs"].items()}
+        if "adaptive" in bws and "round_robin" in bws:
+            rows.append(["allreduce busbw with background on 3 spines", f"{bws['adaptive']:.0f} MB/s (adaptive)",
+                         f"{bws['round_robin']:.0f} MB/s (round_robin)", f"**{bws['adaptive'] / bws['round_robin']:.2f}x**",
+                         "load follows residual capacity"])
+    return rows
+
+
+def render(recs: dict, out: str) -> str:
+    head = headline(recs)
+    md = ["# Results", "",
+          "Generated by `benchmarks/report.py` from the JSON that `scripts/bench.sh` (benchmarks/suite.py) wrote to "
+          "`docs/results/data/`; every number below comes from those files. The lab is the namespace leaf-spine "
+          "network of `scripts/netlab.py` (4 hosts on 2 leaves, 4 spines unless said otherwise, core links "
+          "200 Mbit/s, access links 1 Gbit/s, one rank per host, each rank's vNICs = its host's aliases).", ""]
+    if head:
+        md += ["## Headline", "", table(["measure", "maestro", "gloo", "maestro vs gloo", "paper's claim"], head), ""]
+    for name, fn in SECTIONS.items():
+        rec = recs.get(name)
+        if rec is None:
+            continue
+        if rec["status"] != "ok":
+            md += [f"## {name}", "", f"This experiment failed: `{rec['data'].get('error', '')[-400:]}`",
+                   provenance(rec), ""]
+            continue
+        title, body = fn(rec, out)
+        md += [f"## {title}", "", body, provenance(rec), ""]
+    return "\n".join(md)
+
+
+def update_readme(readme: str, recs: dict) -> None:
+    text = open(readme).read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme}: markers {BEGIN} / {END} not found")
+    rows = headline(recs)
+    any_rec = next(iter(recs.values()))
+    block = (f"{BEGIN}\n" + table(["measure (namespace leaf-spine lab, 4 ranks)", "maestro", "gloo", "maestro vs gloo",
+                                    "paper's claim"], rows)
+             + f"\n\nFrom `{any_rec['command']}` on {any_rec['date'][:10]}; details, plots and commands in "
+               f"[docs/results.md](docs/results.md).\n{END}")
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    open(readme, "w").write(text[:start] + block + text[end:])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=os.path.join(ROOT, "docs", "results", "data"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs"), help="results.md and results/*.png go here")
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="README to update ('' = none)")
+    args = ap.parse_args()
+    recs = load(args.data)
+    if not recs:
+        print(f"no results in {args.data}", file=sys.stderr)
+        return 1
+    for problem in sanity(recs):
+        print(f"warning: {problem}", file=sys.stderr)
+    md = render(recs, args.out)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    if args.readme:
+        update_readme(args.readme, recs)
+    print(f"wrote {os.path.join(args.out, 'results.md')} ({len(recs)} experiments)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

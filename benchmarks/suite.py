@@ -1,0 +1,281 @@
+"""The evaluation suite: the Maestro paper's experiments (SOSR'21 §6) on the
+namespace leaf-spine lab (scripts/netlab.py), each comparing side by side in
+one run. Every experiment writes one JSON file; benchmarks/report.py turns
+them into docs/results.md (tables, PNG plots, the command and the machine
+under each). Needs root (network namespaces).
+
+    scripts/bench.sh                      # everything (full mode, <= 45 min on 2 cores)
+    scripts/bench.sh --quick              # every experiment, small (<= 5 min): CI's smoke test
+    python benchmarks/suite.py --only p2p_paths,latency --out /tmp/results
+
+Experiments (paper figure):
+    p2p_paths     Fig. 8   point-to-point bandwidth vs paths (64 KiB writes), maestro vs one path vs gloo
+    chunk_size    Fig. 9   per-chunk completion times and throughput vs chunk size
+    collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP
+    models        Fig.11   VGG19 / BERT-large gradient sync under DDP, maestro vs gloo
+    load_balance  Fig.12c  per-path share under background traffic vs residual capacity
+    detection     Fig.12d  paths enabled one by one during training are picked up
+    resiliency    Fig.12e  paths disabled one by one: throughput over time, results exact
+    latency       Fig.12f  barrier time when paths differ in queueing delay
+    overheads     Fig.13   CPU per path at line rate, set-up cost vs paths
+    discovery     §4.1     disjoint paths found under ECMP hashing (trials)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import labrun  # noqa: E402
+import netlab  # noqa: E402
+
+RANK = "benchmarks/rank_bench.py"
+CORE, ACCESS = 200, 1000  # Mbit/s: core links slower than access links, as in the paper's setup
+
+
+class Ctx:
+    def __init__(self, quick: bool, out: str, command: str):
+        self.quick, self.out, self.command = quick, out, command
+        self.tag = os.getpid() % 100000
+
+    def lab(self, name: str, **kw) -> netlab.Lab:
+        kw.setdefault("core", CORE)
+        kw.setdefault("access", ACCESS)
+        return netlab.Lab(name=f"b{self.tag}{name}", **kw)
+
+
+def machine() -> dict:
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "?"
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_GiB": round(mem, 1), "kernel": platform.release(),
+            "python": platform.python_version(), "torch": torch_version, "maestro_commit": commit or "?"}
+
+
+def run_ranks(lab, argv: list[str], *, hosts=None, env=None, timeout=900, on_ready=None) -> dict:
+    """Run rank_bench on the lab, echo rank 0's progress lines, return its
+    RESULT (raise with the failing rank's output otherwise). on_ready(t0)
+    runs once rank 0 says READY (fault injection during the run)."""
+    def echo(rank, stream, line):
+        if rank == 0 and stream == "stderr" and (line.startswith("READY") or line.startswith("  ")):
+            print("      " + line.rstrip(), file=sys.stderr, flush=True)
+    ranks = labrun.start(lab, [RANK] + argv, hosts=hosts, env=env, on_line=echo)
+    if on_ready:
+        ranks.wait_for_line(0, "READY", timeout)
+        on_ready(time.monotonic())
+    results = ranks.wait(timeout)
+    for r in results:
+        if r.returncode != 0:
+            raise RuntimeError(f"rank {r.rank} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    lines = [l for l in results[0].stdout.splitlines() if l.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"rank 0 printed no RESULT:\n{results[0].stdout[-2000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+# ---------------------------------------------------------------- experiments
+
+def exp_p2p_paths(ctx):
+    paths = "1,2,4" if ctx.quick else "1,2,3,4,5,6,7,8"
+    with ctx.lab("p2p", hosts=2, leaves=2, spines=8, aliases=8, mode="pinned") as lab:
+        res = run_ranks(lab, ["p2p", "--size", "16M" if ctx.quick else "64M", "--paths", paths,
+                              "--iters", "2" if ctx.quick else "3"])
+    return {"lab": "2 hosts on 2 leaves, 8 spines, pinned aliases", "core_mbit": CORE, "access_mbit": ACCESS, **res}
+
+
+def exp_chunk_size(ctx):
+    chunks = "12800,51200,204800" if ctx.quick else "12800,25600,51200,102400,204800,409600"
+    with ctx.lab("chk", mode="pinned") as lab:
+        res = run_ranks(lab, ["chunks", "--size", "16M" if ctx.quick else "64M", "--chunks", chunks,
+                              "--iters", "2" if ctx.quick else "3"])
+    return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS, **res}
+
+
+def exp_collectives(ctx):
+    sizes = "64K,4M" if ctx.quick else "4K,16K,64K,256K,1M,4M,16M,64M,256M"
+    variants = "gloo,adaptive,single" if ctx.quick else "gloo,adaptive,round_robin,weighted,latency,single"
+    runs = {}
+    for mode in ("pinned", "ecmp"):
+        with ctx.lab("col" + mode[0], mode=mode) as lab:
+            for coll in ("allreduce", "allgather"):
+                print(f"    {mode} {coll}", file=sys.stderr, flush=True)
+                argv = ["sweep", "--collective", coll, "--sizes", sizes, "--variants", variants,
+                        "--budget", "0.5" if ctx.quick else "2"]
+                if mode == "ecmp":
+                    argv.append("--discovery")
+                runs[f"{mode}/{coll}"] = run_ranks(lab, argv, timeout=2400)
+    return {"lab": "4 hosts, 2 leaves, 4 spines", "core_mbit": CORE, "access_mbit": ACCESS,
+            "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "runs": runs}
+
+
+def exp_models(ctx):
+    out = {}
+    with ctx.lab("mod", mode="pinned") as lab:
+        for model in ("vgg19",) if ctx.quick else ("vgg19", "bert-large"):
+            argv = ["models", "--model", model, "--buckets-only", "--iters", "1" if ctx.quick else "2"]
+            out[f"{model}/buckets"] = run_ranks(lab, argv + (["--no-warmup"] if ctx.quick else []), timeout=3000)
+            if not ctx.quick:
+                out[f"{model}/ddp"] = run_ranks(lab, ["models", "--model", model, "--iters", "1"], timeout=3000)
+    return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS, "runs": out}
+
+
+BACKGROUND = ((1, 50), (2, 100), (3, 150))  # (spine, Mbit/s): 25 / 50 / 75 % of the core links
+
+
+def exp_load_balance(ctx):
+    runs = {}
+    with ctx.lab("lb", mode="pinned") as lab:
+        bgs = [lab.background(spine=s, mbit=m, proto="udp") for s, m in BACKGROUND]
+        try:
+            time.sleep(1)
+            for policy in ("adaptive", "round_robin") if ctx.quick else ("adaptive", "weighted", "round_robin"):
+                res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", "4" if ctx.quick else "12"],
+                                env={"MAESTRO_POLICY": policy})
+                runs[policy] = res
+        finally:
+            for b in bgs:
+                b.stop()
+    residual = [CORE - dict(BACKGROUND).get(s, 0) for s in range(4)]
+    return {"lab": "4 hosts, 2 leaves, 4 spines, pinned; UDP background h1->h3", "core_mbit": CORE,
+            "background_mbit": {str(s): m for s, m in BACKGROUND}, "residual_mbit": residual, "runs": runs}
+
+
+def exp_detection(ctx):
+    step = 2.5 if ctx.quick else 4.0
+    with ctx.lab("det", mode="pinned") as lab:
+        for s in (1, 2, 3):
+            lab.link_down(0, s)
+        events = []
+
+        def enable(t0):
+            for s in (1, 2, 3):
+                time.sleep(step)
+                lab.link_up(0, s)
+                events.append({"t": time.monotonic() - t0, "event": f"spine {s} up"})
+        res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", str(step * 4)],
+                        env={"MAESTRO_CONNECT_TIMEOUT": "1"}, on_ready=enable)
+    return {"lab": "4 hosts, pinned; links L0-s1..s3 down at start", "core_mbit": CORE, "events": events, **res}
+
+
+def exp_resiliency(ctx):
+    step = 2.5 if ctx.quick else 4.0
+    with ctx.lab("res", mode="pinned") as lab:
+        events = []
+
+        def disable(t0):
+            for s in (3, 2, 1):
+                time.sleep(step)
+                lab.link_down(0, s)
+                events.append({"t": time.monotonic() - t0, "event": f"spine {s} down"})
+        res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", str(step * 4)],
+                        env={"MAESTRO_PATH_TIMEOUT": "1"}, on_ready=disable)
+    return {"lab": "4 hosts, pinned; links L0-s3, s2, s1 cut one by one", "core_mbit": CORE, "events": events, **res}
+
+
+def exp_latency(ctx):
+    with ctx.lab("lat", mode="pinned") as lab:
+        # Saturating TCP flows fill the queues of spines 0-2 in both
+        # directions: those paths see the shapers' queueing delay, spine 3 not.
+        bgs = [lab.background(spine=s, mbit=None, src=a, dst=b) for s in (0, 1, 2) for a, b in ((1, 3), (3, 1))]
+        try:
+            time.sleep(2)
+            res = run_ranks(lab, ["barrier", "--iters", "20" if ctx.quick else "100",
+                                  "--variants", "latency,adaptive,gloo" if ctx.quick else "latency,adaptive,round_robin,gloo"])
+        finally:
+            for b in bgs:
+                b.stop()
+    return {"lab": "4 hosts, pinned; saturating TCP background on spines 0-2 (both directions)", **res}
+
+
+def exp_overheads(ctx):
+    with ctx.lab("ovh", hosts=2, leaves=2, spines=8, aliases=8, mode="pinned") as lab:
+        p2p = run_ranks(lab, ["p2p", "--size", "16M" if ctx.quick else "64M", "--paths",
+                              "1,4" if ctx.quick else "1,2,4,8", "--iters", "2" if ctx.quick else "4"])
+        setup = run_ranks(lab, ["setup", "--paths", "1,4" if ctx.quick else "1,2,4,8",
+                                "--iters", "1" if ctx.quick else "3"])
+    return {"lab": "2 hosts on 2 leaves, 8 spines, pinned", "core_mbit": CORE, "p2p": p2p, "setup": setup}
+
+
+def exp_discovery(ctx):
+    with ctx.lab("dis", mode="ecmp") as lab:
+        res = run_ranks(lab, ["discover", "--trials", "3" if ctx.quick else "20"], timeout=1800)
+    return {"lab": "4 hosts, 2 leaves, 4 spines, ECMP (no pinning)", **res}
+
+
+EXPERIMENTS = {name[4:]: fn for name, fn in globals().items() if name.startswith("exp_")}
+
+
+def progress(i: int, n: int, name: str, start: float) -> None:
+    done = int(30 * i / n)
+    print(f"\n[{'#' * done}{'.' * (30 - done)}] {i}/{n} done, {time.time() - start:5.0f} s; next: {name}",
+          file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="every experiment, small: a smoke test (<= 5 min)")
+    ap.add_argument("--only", help="comma-separated experiments (default: all)")
+    ap.add_argument("--out", help="JSON output folder (default: docs/results/data; with --quick, build/bench-quick, "
+                                  "so a smoke run never replaces the recorded results)")
+    args = ap.parse_args()
+    if not args.out:
+        args.out = os.path.join(ROOT, "build", "bench-quick") if args.quick else os.path.join(ROOT, "docs", "results", "data")
+    if os.geteuid() != 0:
+        print("benchmarks/suite.py needs root: the lab is built from network namespaces", file=sys.stderr)
+        return 2
+    names = args.only.split(",") if args.only else list(EXPERIMENTS)
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        print(f"unknown experiment(s) {unknown}; known: {', '.join(EXPERIMENTS)}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    netlab.gc()  # labs a killed earlier run left behind
+    command = "scripts/bench.sh" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+    ctx = Ctx(args.quick, args.out, command)
+    info = machine()
+    start = time.time()
+    failed = []
+    for i, name in enumerate(names):
+        progress(i, len(names), name, start)
+        t0 = time.time()
+        try:
+            data = EXPERIMENTS[name](ctx)
+            status = "ok"
+        except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
+            data, status = {"error": str(e)[-4000:]}, "error"
+            failed.append(name)
+            print(f"    FAILED: {str(e)[-2000:]}", file=sys.stderr)
+        record = {"experiment": name, "status": status, "quick": args.quick, "seconds": time.time() - t0,
+                  "date": datetime.datetime.now().isoformat(timespec="seconds"), "command": command,
+                  "machine": info, "data": data}
+        with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+            json.dump(record, f, indent=1)
+        print(f"    {name}: {status} in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    progress(len(names), len(names), "-", start)
+    print(f"suite finished in {time.time() - start:.0f} s; {len(failed)} failed {failed}; JSON in {args.out}",
+          file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
