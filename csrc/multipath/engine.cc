@@ -79,7 +79,8 @@ struct Engine::Peer {
   std::mutex mu;
   std::vector<PathSlot> paths;
   std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
-  std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the first path with room takes them
+  std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the path with room and fewest in flight takes them
+  size_t next_path = 0;           // where pumpAll's tie-break starts
   std::unique_ptr<Scheduler> scheduler;
   Reassembler reassembler;
   std::map<ControlKey, std::vector<uint8_t>> inbox;
@@ -252,37 +253,64 @@ void Engine::enqueue(Peer& peer, ChunkDesc* chunk) {
   }
 }
 
-void Engine::pump(Peer& peer, int path) {
+void Engine::pump(Peer& peer, int path, bool pull) {
   PathSlot& slot = peer.paths[path];
   while (slot.up && slot.inflight < config_.window) {
     ChunkDesc* c = nullptr;
     if (!slot.queue.empty()) {
       c = slot.queue.front();
       slot.queue.pop_front();
-    } else if (peer.scheduler->pulls() && !peer.shared.empty()) {
+    } else if (pull && peer.scheduler->pulls() && !peer.shared.empty()) {
       c = peer.shared.front();
       peer.shared.pop_front();
     } else {
       break;
     }
-    SendOp* op = c->op;
-    c->path = path;
-    c->attempts++;
-    c->posted = Clock::now();
-    if (slot.inflight == 0) slot.last_progress = c->posted;
-    slot.inflight++;
-    op->outstanding_++;
-    transport::WriteRequest req;
-    req.local = op->src_;
-    req.src = op->src_addr_ + c->offset;
-    req.length = c->length;
-    req.remote = op->dst_;
-    req.remote_offset = op->dst_offset_ + c->offset;
-    req.with_imm = true;
-    req.imm = encodeImm(op->tag_, c->index);
-    req.wr_id = reinterpret_cast<uint64_t>(c);  // the paper's wr_id trick
-    mesh_.transport->postWrite(op->peer_, slot.id, req);
+    post(peer, path, c);
   }
+}
+
+void Engine::pumpAll(Peer& peer) {
+  const size_t n = peer.paths.size();
+  for (size_t i = 0; i < n; ++i) pump(peer, static_cast<int>(i), /*pull=*/false);
+  // Shared chunks (adaptive, latency): one at a time to the live path with
+  // the fewest in flight, ties in turn. Filling the first path's window
+  // first would put every small message on one path; after this, each
+  // completion pulls the next chunk onto its own path (ACK clocking).
+  while (!peer.shared.empty()) {
+    int best = -1;
+    for (size_t k = 0; k < n; ++k) {
+      const int i = static_cast<int>((peer.next_path + k) % n);
+      const PathSlot& s = peer.paths[i];
+      if (s.up && s.inflight < config_.window && (best < 0 || s.inflight < peer.paths[best].inflight)) best = i;
+    }
+    if (best < 0) break;
+    ChunkDesc* c = peer.shared.front();
+    peer.shared.pop_front();
+    post(peer, best, c);
+    peer.next_path = (best + 1) % n;
+  }
+}
+
+void Engine::post(Peer& peer, int path, ChunkDesc* c) {
+  PathSlot& slot = peer.paths[path];
+  SendOp* op = c->op;
+  c->path = path;
+  c->attempts++;
+  c->posted = Clock::now();
+  if (slot.inflight == 0) slot.last_progress = c->posted;
+  slot.inflight++;
+  op->outstanding_++;
+  transport::WriteRequest req;
+  req.local = op->src_;
+  req.src = op->src_addr_ + c->offset;
+  req.length = c->length;
+  req.remote = op->dst_;
+  req.remote_offset = op->dst_offset_ + c->offset;
+  req.with_imm = true;
+  req.imm = encodeImm(op->tag_, c->index);
+  req.wr_id = reinterpret_cast<uint64_t>(c);  // the paper's wr_id trick
+  mesh_.transport->postWrite(op->peer_, slot.id, req);
 }
 
 std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
@@ -317,7 +345,7 @@ std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_
   if (p.unreachable) throw Error(p.error);
   p.sending[op.get()] = op;
   for (auto& c : op->chunks_) enqueue(p, &c);
-  for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
+  pumpAll(p);
   return op;
 }
 
@@ -366,7 +394,8 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
     }
     bool finished = op->done() || (op->failed() && op->outstanding_ == 0);
     if (finished) p.sending.erase(op);  // may free op (and c): not touched below
-    for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
+    if (ok) pump(p, path);  // the completion frees room here: this path pulls first
+    pumpAll(p);
   }
   notify();
 }
@@ -727,7 +756,7 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
                                 errors));
     } else {
       for (ChunkDesc* c : orphans) enqueue(p, c);
-      for (size_t i = 0; i < p.paths.size(); ++i) pump(p, static_cast<int>(i));
+      pumpAll(p);
       // Control messages the dead path may have swallowed (credits, op
       // descriptors, barrier tokens) go again on a live path; a receiver
       // that already has one keeps one.

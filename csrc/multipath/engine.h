@@ -167,7 +167,9 @@ class Engine : public transport::CompletionSink {
   struct Peer;
 
   void notify();
-  void pump(Peer& peer, int path);                 // peer.mu held
+  void pump(Peer& peer, int path, bool pull = true);  // peer.mu held: fill one path's window
+  void pumpAll(Peer& peer);                            // peer.mu held: every path, shared chunks spread
+  void post(Peer& peer, int path, ChunkDesc* c);       // peer.mu held
   void enqueue(Peer& peer, ChunkDesc* chunk);      // peer.mu held
   std::vector<PathView> views(const Peer& peer) const;  // peer.mu held
   void failSends(Peer& peer, const std::string& why);    // peer.mu held

@@ -6,6 +6,7 @@
 
 #include <thread>
 
+#include "collectives/collectives.h"
 #include "multipath/engine.h"
 #include "test_util.h"
 
@@ -58,6 +59,32 @@ TEST(EngineControl, MessagesOnAPathClosedUnderThemStillArrive) {
       ASSERT_TRUE(got) << "token " << k << " of round " << i << " was lost with path " << path;
     }
   }
+}
+
+TEST(EngineAdaptive, ASmallMessageIsSpreadOverThePathsNotPiledOnTheFirst) {
+  // 2 ranks, chunks of 4 KiB: each allreduce message is 5 chunks, fewer
+  // than one path's window. Adaptive must still use every path.
+  MemoryRendezvous store;
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  auto errors = runRanks(2, [&](int r) {
+    engines[r] = std::make_unique<Engine>(
+        std::map<std::string, std::string>{{"paths", "4"}, {"chunk_size", "4K"}, {"policy", "adaptive"}}, store, r, 2,
+        after(30));
+  });
+  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  const uint64_t count = 2 * 5 * 1024;  // two blocks of 20 KiB
+  std::vector<std::vector<float>> data(2, std::vector<float>(count, 1.0f));
+  for (uint64_t seq = 1; seq <= 4; ++seq) {
+    errors = runRanks(2, [&](int r) {
+      Engine& e = *engines[r];
+      collectives::Window w{e.registerMemory(data[r].data(), count * sizeof(float)), 0};
+      collectives::allreduce(e, seq, w, count, collectives::DType::kFloat32, collectives::ReduceOp::kSum, after(30));
+      e.deregisterMemory(w.region);
+    });
+    for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  }
+  for (const auto& s : engines[0]->pathStats())
+    EXPECT_GT(s.chunks_sent, 0u) << "path " << s.path << " carried nothing:\n" << engines[0]->pathTable();
 }
 
 }  // namespace
