@@ -864,34 +864,41 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
 
 void Engine::reconnectLoop() {
   // Apart from the monitor: a connect towards a blackhole takes its whole
-  // deadline, and the monitor must keep its cadence meanwhile.
+  // deadline, and the monitor must keep its cadence meanwhile. The paths
+  // wanted at one time are tried in parallel, so six dead paths cost one
+  // deadline, not six, and each comes back within about one probe interval
+  // of its route returning.
   setLogRank(rank_);
   while (!stopping_) {
-    std::pair<int, int> want;
+    std::set<std::pair<int, int>> batch;
     {
       std::unique_lock<std::mutex> lock(reconnect_mu_);
       reconnect_cv_.wait(lock, [&] { return stopping_.load() || !reconnect_wanted_.empty(); });
       if (stopping_) break;
-      want = *reconnect_wanted_.begin();
-      reconnect_wanted_.erase(reconnect_wanted_.begin());
+      batch.swap(reconnect_wanted_);
     }
-    const int peer = want.first, id = want.second;
-    Peer& p = *peers_[peer];
-    auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
-    bool back = false;
-    try {
-      back = mesh_.transport->reconnect(peer, id, until);  // success also arrives as onPathUp
-    } catch (const std::exception& e) {
-      MAESTRO_WARN("cannot reconnect path ", id, " to rank ", peer, ": ", e.what());
-    }
-    if (stopping_) break;
-    if (!back) continue;
-    std::string desc = mesh_.transport->describePath(peer, id);
-    std::lock_guard<std::mutex> lock(p.mu);
-    int slot = slotOf(p, id);
-    if (slot >= 0) p.paths[slot].description = desc;
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
+    std::vector<std::thread> tries;
+    for (const auto& want : batch) tries.emplace_back([this, want, until] { reconnectPath(want.first, want.second, until); });
+    for (auto& t : tries) t.join();
   }
+}
+
+void Engine::reconnectPath(int peer, int id, Clock::time_point until) {
+  setLogRank(rank_);
+  bool back = false;
+  try {
+    back = mesh_.transport->reconnect(peer, id, until);  // success also arrives as onPathUp
+  } catch (const std::exception& e) {
+    MAESTRO_WARN("cannot reconnect path ", id, " to rank ", peer, ": ", e.what());
+  }
+  if (!back || stopping_) return;
+  std::string desc = mesh_.transport->describePath(peer, id);
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  int slot = slotOf(p, id);
+  if (slot >= 0) p.paths[slot].description = desc;
 }
 
 // ---------------------------------------------------------------- stats

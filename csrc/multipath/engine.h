@@ -180,6 +180,7 @@ class Engine : public transport::CompletionSink {
   void monitorLoop();
   void monitorPeer(int peer, Clock::time_point now, double dt, bool probe);
   void reconnectLoop();
+  void reconnectPath(int peer, int transport_path, Clock::time_point until);
   struct SentControl;
   void postControl(Peer& peer, std::vector<uint8_t> msg, bool reliable);  // peer.mu held
 
