@@ -222,13 +222,15 @@ def timeline(rec, out, name, title, text):
     its = d["iters"]
     t = [it["start"] for it in its]
     bw = [busbw_of_iter(it, d["bytes"], d["world"]) for it in its]
-    up = [sum(1 for p in it["paths"] if p["peer"] == 1 and p["state"] == "up") for it in its]
+    # Rank 1 -> 2 crosses the core from leaf 0, whose spine links the
+    # experiments cut and restore.
+    up = [sum(1 for p in it["paths"] if p["peer"] == 2 and p["state"] == "up") for it in d["ranks"][1]]
     fig, ax = plt.subplots(figsize=(7, 3.4))
     ax.plot(t, bw, ".-", label="allreduce busbw")
     ax.set_xlabel("seconds")
     ax.set_ylabel("busbw (MB/s)")
     ax2 = ax.twinx()
-    ax2.step(t, up, where="post", color="green", alpha=0.5, label="paths up (rank 0 -> 1)")
+    ax2.step(t, up, where="post", color="green", alpha=0.5, label="paths up (rank 1 -> 2, across the core)")
     ax2.set_ylim(0, 5)
     ax2.set_ylabel("paths up")
     # Align event times (measured from READY) with iteration starts.
@@ -408,7 +410,8 @@ def headline(recs: dict) -> list[list]:
             run = col["data"]["runs"].get(f"{mode}/allreduce")
             if not run:
                 continue
-            size = max(r["bytes"] for r in run["rows"])
+            sizes = {r["bytes"] for r in run["rows"]}
+            size = 64 << 20 if 64 << 20 in sizes else max(sizes)  # 64 MiB: the size issue 4 is judged at
             get = {r["variant"]: r for r in run["rows"] if r["bytes"] == size}
             m, g = get["adaptive"]["busbw_GBps"] * 1e3, get["gloo"]["busbw_GBps"] * 1e3
             rows.append([f"allreduce {size >> 20} MiB busbw, {mode}" + (" + discovery" if mode == "ecmp" else ""),
@@ -464,11 +467,12 @@ def update_readme(readme: str, recs: dict) -> None:
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme}: markers {BEGIN} / {END} not found")
     rows = headline(recs)
-    any_rec = next(iter(recs.values()))
+    commands = ", ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in recs.values()))
+    dates = sorted({r["date"][:10] for r in recs.values()})
     block = (f"{BEGIN}\n" + table(["measure (namespace leaf-spine lab, 4 ranks)", "maestro", "gloo", "maestro vs gloo",
                                     "paper's claim"], rows)
-             + f"\n\nFrom `{any_rec['command']}` on {any_rec['date'][:10]}; details, plots and commands in "
-               f"[docs/results.md](docs/results.md).\n{END}")
+             + f"\n\nFrom {commands} on {dates[0] if dates[0] == dates[-1] else dates[0] + ' to ' + dates[-1]}; "
+               f"details, plots and commands in [docs/results.md](docs/results.md).\n{END}")
     start, end = text.index(BEGIN), text.index(END) + len(END)
     open(readme, "w").write(text[:start] + block + text[end:])
 

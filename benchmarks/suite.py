@@ -42,8 +42,8 @@ CORE, ACCESS = 200, 1000  # Mbit/s: core links slower than access links, as in t
 
 
 class Ctx:
-    def __init__(self, quick: bool, out: str, command: str):
-        self.quick, self.out, self.command = quick, out, command
+    def __init__(self, quick: bool, out: str, command: str, no_ddp: bool = False):
+        self.quick, self.out, self.command, self.no_ddp = quick, out, command, no_ddp
         self.tag = os.getpid() % 100000
 
     def lab(self, name: str, **kw) -> netlab.Lab:
@@ -134,7 +134,7 @@ def exp_models(ctx):
         for model in ("vgg19",) if ctx.quick else ("vgg19", "bert-large"):
             argv = ["models", "--model", model, "--buckets-only", "--iters", "1" if ctx.quick else "2"]
             out[f"{model}/buckets"] = run_ranks(lab, argv + (["--no-warmup"] if ctx.quick else []), timeout=3000)
-            if not ctx.quick:
+            if not ctx.quick and not ctx.no_ddp:
                 out[f"{model}/ddp"] = run_ranks(lab, ["models", "--model", model, "--iters", "1"], timeout=3000)
     return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS, "runs": out}
 
@@ -235,6 +235,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="every experiment, small: a smoke test (<= 5 min)")
     ap.add_argument("--only", help="comma-separated experiments (default: all)")
+    ap.add_argument("--no-ddp", action="store_true", help="models: gradient-bucket sync only, skip the forward/backward "
+                                                          "DDP runs (the longest part of the full suite)")
     ap.add_argument("--out", help="JSON output folder (default: docs/results/data; with --quick, build/bench-quick, "
                                   "so a smoke run never replaces the recorded results)")
     args = ap.parse_args()
@@ -250,8 +252,9 @@ def main() -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     netlab.gc()  # labs a killed earlier run left behind
-    command = "scripts/bench.sh" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
-    ctx = Ctx(args.quick, args.out, command)
+    command = ("scripts/bench.sh" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+               + (" --no-ddp" if args.no_ddp else ""))
+    ctx = Ctx(args.quick, args.out, command, args.no_ddp)
     info = machine()
     start = time.time()
     failed = []
