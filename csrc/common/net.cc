@@ -118,21 +118,9 @@ void setNoDelay(int fd) {
 
 int listenOn(const std::string& ip, uint16_t port, int backlog) {
   SockAddr addr = parseAddress(ip, port);
-  int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-  MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  // Route discovery probes the reverse direction of a path with a SYN from
-  // this listener's own address and port.
-  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-  if (::bind(fd, addr.get(), addr.length) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail("cannot listen on ", addr.str(), ": ", errnoText(err),
-         err == EADDRNOTAVAIL ? " (the address is not assigned to an interface of this host/"
-                                "namespace: check MAESTRO_VNICS / MAESTRO_IFNAME)"
-                              : "");
-  }
+  // Reusable: route discovery probes the reverse direction of a path with a
+  // SYN from this listener's own address and port.
+  int fd = bindReusable(addr, "listen on");
   if (::listen(fd, backlog) != 0) {
     int err = errno;
     ::close(fd);
@@ -223,7 +211,7 @@ bool waitReadable(int fd, Deadline deadline) {
   }
 }
 
-int bindReusable(const SockAddr& addr) {
+int bindReusable(const SockAddr& addr, const char* purpose) {
   int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
   MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
   int one = 1;
@@ -232,7 +220,10 @@ int bindReusable(const SockAddr& addr) {
   if (::bind(fd, addr.get(), addr.length) != 0) {
     int err = errno;
     ::close(fd);
-    fail("cannot bind ", addr.str(), ": ", errnoText(err));
+    fail("cannot ", purpose, " ", addr.str(), ": ", errnoText(err),
+         err == EADDRNOTAVAIL ? " (the address is not assigned to an interface of this host/"
+                                "namespace: check MAESTRO_VNICS / MAESTRO_IFNAME)"
+                              : "");
   }
   return fd;
 }

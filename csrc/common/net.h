@@ -35,8 +35,9 @@ int listenOn(const std::string& ip, uint16_t port, int backlog = 128);
 // before the deadline. Throws maestro::Error saying which address failed.
 int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline, uint16_t local_port = 0);
 // A TCP socket bound to `addr` with SO_REUSEADDR and SO_REUSEPORT, so that a
-// route probe can share its address and port (discovery).
-int bindReusable(const SockAddr& addr);
+// route probe can share its address and port (discovery). A failure says
+// "cannot <purpose> <addr>: <why>".
+int bindReusable(const SockAddr& addr, const char* purpose = "bind");
 // A TTL-limited SYN from `local` (bound with reuse) to `remote`, non-blocking
 // and with IP_RECVERR on: the router where the TTL runs out answers with an
 // ICMP time-exceeded that readIcmpOffender() returns. Returns the fd.
