@@ -39,11 +39,6 @@ struct Engine::SentControl {
 
 namespace {
 constexpr size_t kMaxUnconfirmed = 4096;  // a path that never confirms keeps only the newest
-
-template <class Slot>
-void confirmUpTo(Slot& slot, Clock::time_point t) {
-  while (!slot.unconfirmed.empty() && slot.unconfirmed.front().at <= t) slot.unconfirmed.pop_front();
-}
 }  // namespace
 
 struct Engine::PathSlot {
@@ -71,6 +66,10 @@ struct Engine::PathSlot {
   // ping posted later, proves delivery; if the path dies first they are
   // re-sent on a live one (every control message is idempotent by its key).
   std::deque<SentControl> unconfirmed;
+  // Everything posted here up to `t` has arrived.
+  void confirmUpTo(Clock::time_point t) {
+    while (!unconfirmed.empty() && unconfirmed.front().at <= t) unconfirmed.pop_front();
+  }
 };
 
 struct Engine::Peer {
@@ -372,7 +371,7 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       slot.chunks_sent++;
       slot.tick_bytes += c->length;
       slot.last_progress = now;
-      confirmUpTo(slot, c->posted);
+      slot.confirmUpTo(c->posted);
       slot.completion = ewma(slot.completion, seconds(now - c->posted));
       {
         std::lock_guard<std::mutex> samples(samples_mu_);
@@ -639,7 +638,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         if (slot.ping_outstanding) {
           slot.rtt = ewma(slot.rtt, seconds(Clock::now() - slot.ping_sent), 0.3);
           slot.ping_outstanding = false;
-          confirmUpTo(slot, slot.ping_sent);
+          slot.confirmUpTo(slot.ping_sent);
         }
         return;
       }
