@@ -483,18 +483,25 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"), help="results.md and results/*.png go here")
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="README to update ('' = none)")
     args = ap.parse_args()
-    recs = load(args.data)
+    return generate(args.data, args.out, args.readme)
+
+
+def generate(data: str, out: str, readme: str) -> int:
+    """results.md and plots under `out` from the JSON in `data`; the headline
+    into `readme` unless it is ''."""
+    recs = load(data)
     if not recs:
-        print(f"no results in {args.data}", file=sys.stderr)
+        print(f"no results in {data}", file=sys.stderr)
         return 1
     for problem in sanity(recs):
         print(f"warning: {problem}", file=sys.stderr)
-    md = render(recs, args.out)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    md = render(recs, out)
+    with open(os.path.join(out, "results.md"), "w") as f:
         f.write(md)
-    if args.readme:
-        update_readme(args.readme, recs)
-    print(f"wrote {os.path.join(args.out, 'results.md')} ({len(recs)} experiments)")
+    if readme:
+        update_readme(readme, recs)
+    print(f"wrote {os.path.join(out, 'results.md')} ({len(recs)} experiments)")
     return 0
 
 

@@ -160,36 +160,34 @@ def exp_load_balance(ctx):
             "background_mbit": {str(s): m for s, m in BACKGROUND}, "residual_mbit": residual, "runs": runs}
 
 
-def exp_detection(ctx):
+def link_timeline(ctx, name, *, initially_down, steps, up, env, lab_desc):
+    """16 MiB allreduces in a loop on the pinned lab while the leaf-0 links to
+    the spines in `steps` go up (up=True) or down, one every few seconds from
+    READY; `initially_down` spines start cut. Returns the loop's iterations
+    and the link events, timed from READY."""
     step = 2.5 if ctx.quick else 4.0
-    with ctx.lab("det", mode="pinned") as lab:
-        for s in (1, 2, 3):
+    with ctx.lab(name, mode="pinned") as lab:
+        for s in initially_down:
             lab.link_down(0, s)
         events = []
 
-        def enable(t0):
-            for s in (1, 2, 3):
+        def change(t0):
+            for s in steps:
                 time.sleep(step)
-                lab.link_up(0, s)
-                events.append({"t": time.monotonic() - t0, "event": f"spine {s} up"})
-        res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", str(step * 4)],
-                        env={"MAESTRO_CONNECT_TIMEOUT": "1"}, on_ready=enable)
-    return {"lab": "4 hosts, pinned; links L0-s1..s3 down at start", "core_mbit": CORE, "events": events, **res}
+                (lab.link_up if up else lab.link_down)(0, s)
+                events.append({"t": time.monotonic() - t0, "event": f"spine {s} {'up' if up else 'down'}"})
+        res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", str(step * 4)], env=env, on_ready=change)
+    return {"lab": lab_desc, "core_mbit": CORE, "events": events, **res}
+
+
+def exp_detection(ctx):
+    return link_timeline(ctx, "det", initially_down=(1, 2, 3), steps=(1, 2, 3), up=True,
+                         env={"MAESTRO_CONNECT_TIMEOUT": "1"}, lab_desc="4 hosts, pinned; links L0-s1..s3 down at start")
 
 
 def exp_resiliency(ctx):
-    step = 2.5 if ctx.quick else 4.0
-    with ctx.lab("res", mode="pinned") as lab:
-        events = []
-
-        def disable(t0):
-            for s in (3, 2, 1):
-                time.sleep(step)
-                lab.link_down(0, s)
-                events.append({"t": time.monotonic() - t0, "event": f"spine {s} down"})
-        res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", str(step * 4)],
-                        env={"MAESTRO_PATH_TIMEOUT": "1"}, on_ready=disable)
-    return {"lab": "4 hosts, pinned; links L0-s3, s2, s1 cut one by one", "core_mbit": CORE, "events": events, **res}
+    return link_timeline(ctx, "res", initially_down=(), steps=(3, 2, 1), up=False, env={"MAESTRO_PATH_TIMEOUT": "1"},
+                         lab_desc="4 hosts, pinned; links L0-s3, s2, s1 cut one by one")
 
 
 def exp_latency(ctx):
@@ -235,11 +233,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="every experiment, small: a smoke test (<= 5 min)")
     ap.add_argument("--only", help="comma-separated experiments (default: all)")
+    ap.add_argument("--report", action="store_true",
+                    help="then run benchmarks/report.py: into docs/ and README.md for a full run into the default "
+                         "folder, else into OUT/report (README untouched)")
     ap.add_argument("--no-ddp", action="store_true", help="models: gradient-bucket sync only, skip the forward/backward "
                                                           "DDP runs (the longest part of the full suite)")
     ap.add_argument("--out", help="JSON output folder (default: docs/results/data; with --quick, build/bench-quick, "
                                   "so a smoke run never replaces the recorded results)")
     args = ap.parse_args()
+    recorded = not args.out and not args.quick  # the results docs/ and README.md show
     if not args.out:
         args.out = os.path.join(ROOT, "build", "bench-quick") if args.quick else os.path.join(ROOT, "docs", "results", "data")
     if os.geteuid() != 0:
@@ -277,6 +279,12 @@ def main() -> int:
     progress(len(names), len(names), "-", start)
     print(f"suite finished in {time.time() - start:.0f} s; {len(failed)} failed {failed}; JSON in {args.out}",
           file=sys.stderr)
+    if args.report:  # also when an experiment failed: the report shows it
+        import report
+        if recorded:
+            report.generate(args.out, os.path.join(ROOT, "docs"), os.path.join(ROOT, "README.md"))
+        else:
+            report.generate(args.out, os.path.join(args.out, "report"), "")
     return 1 if failed else 0
 
 

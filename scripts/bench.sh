@@ -10,28 +10,10 @@
 # A full run without --out records its JSON in docs/results/data and updates
 # docs/results.md, docs/results/*.png and README.md. With --out DIR, or with
 # --quick (DIR defaults to build/bench-quick), the JSON goes to DIR and the
-# report to DIR/report: the recorded results stay untouched.
+# report to DIR/report: the recorded results stay untouched. The report is
+# generated even when an experiment failed (it shows which); the exit code
+# says whether any did.
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 [ "$(id -u)" = 0 ] || { echo "error: the lab needs root (network namespaces); run as root" >&2; exit 1; }
-out="" quick=0
-args=("$@")
-for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[$i]}" in
-    --out) out=${args[$((i + 1))]:-} ;;
-    --out=*) out=${args[$i]#--out=} ;;
-    --quick) quick=1 ;;
-  esac
-done
-if [ -z "$out" ] && [ $quick = 1 ]; then
-  out=$ROOT/build/bench-quick
-  set -- "$@" --out "$out"
-fi
-rc=0
-"$PY" benchmarks/suite.py "$@" || rc=$?  # a failed experiment is recorded; the report shows it
-if [ -n "$out" ]; then
-  "$PY" benchmarks/report.py --data "$out" --out "$out/report" --readme ''
-else
-  "$PY" benchmarks/report.py
-fi
-exit $rc
+exec "$PY" benchmarks/suite.py --report "$@"
