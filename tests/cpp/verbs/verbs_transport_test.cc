@@ -546,7 +546,11 @@ TEST_F(VerbsPairTest, ReconnectBringsAFailedPathBack) {
   constexpr int kPath = 1;
   ibv_qp* old_qp = verbsPathQp(*t1_, 0, kPath);
   const uint32_t old_qpn = old_qp->qp_num;
-  // Start-up raised one onPathUp per path; count from here.
+  // Start-up raises one onPathUp per path, on the accepting side from the
+  // progress thread, possibly after the fixture returned: let all of them
+  // arrive, then count from here.
+  ASSERT_TRUE(s0_.waitFor([&] { return s0_.ups_.size() >= static_cast<size_t>(kPaths); }, seconds(10)));
+  ASSERT_TRUE(s1_.waitFor([&] { return s1_.ups_.size() >= static_cast<size_t>(kPaths); }, seconds(10)));
   size_t ups_before[2];
   {
     std::lock_guard<std::mutex> l0(s0_.mu_), l1(s1_.mu_);
