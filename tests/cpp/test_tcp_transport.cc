@@ -109,6 +109,35 @@ TEST_F(RawPeer, SecondHelloReplacesTheConnection) {
   ::close(first);
 }
 
+// A write still inside sendmsg() when its connection is replaced must come
+// back flushed, so the layer above re-sends it: dropped, the operation that
+// waits for it would hang. The raw peer never reads, so the write is stuck
+// in the kernel's send buffer when the reconnect arrives.
+TEST_F(RawPeer, WriteInTransmissionIsFlushedWhenTheConnectionIsReplaced) {
+  ASSERT_EQ(0u, hello(0, 0));
+  int first = fd_;
+  std::vector<uint8_t> big(32 << 20, 0x42);
+  Region local = t_->registerMemory(big.data(), big.size());
+  transport::WriteRequest w;
+  w.local = local;
+  w.src = big.data();
+  w.length = big.size();
+  w.remote = RemoteRegion{7, 7, 0, big.size()};
+  w.wr_id = 77;
+  t_->postWrite(0, 0, w);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into sendmsg(), which blocks
+  EXPECT_EQ(0u, hello(0, 0));
+  EXPECT_TRUE(sink_.waitFor([&] { return sink_.flushed.size() == 1; }, 10))
+      << "the write in transmission was never completed";
+  {
+    std::lock_guard<std::mutex> lock(sink_.mu);
+    EXPECT_TRUE(sink_.completed.empty());
+    if (!sink_.flushed.empty()) EXPECT_EQ(77u, sink_.flushed[0]);
+  }
+  ::close(first);
+  t_->shutdown();  // before `big` goes
+}
+
 TEST_F(RawPeer, GoodWriteLands) {
   ASSERT_EQ(0u, hello(0, 0));
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 100, 50, true, 9), 50);

@@ -86,6 +86,11 @@ bool TcpPath::failed() const {
   return failed_;
 }
 
+bool TcpPath::settled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_ && unacked_.empty() && late_flush_.empty() && queue_.empty();
+}
+
 void TcpPath::postWrite(const WriteRequest& req) {
   Outgoing out;
   out.header = writeFrame(req.remote.id, req.remote.key, req.remote_offset, req.length, req.with_imm, req.imm);

@@ -43,6 +43,9 @@ class TcpPath {
   void stop();
 
   bool failed() const;
+  // Failed, and every write it held has been completed (flushed): nothing
+  // is left for its sender thread to deliver.
+  bool settled() const;
   const std::string& description() const { return description_; }
 
 

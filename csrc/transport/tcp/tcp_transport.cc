@@ -127,11 +127,26 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
   // back flushed and move to live paths -- nothing waits on a dead socket.
   if (old) old->close("replaced by a new connection for the same path");
   auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_);
+  std::vector<std::shared_ptr<TcpPath>> done;  // destroyed outside the lock (joins threads)
   {
     std::lock_guard<std::mutex> lock(mu_);
     paths_[{peer, path}] = p;
     if (accepted) ++accepted_;
+    // Destroying `old` now would stop its sender thread before it flushed
+    // the writes that were inside sendmsg(): they would never complete, and
+    // the operation waiting for them would hang. Retire it instead, and
+    // reap the retired connections that have nothing left to deliver.
+    if (old) retired_.push_back(std::move(old));
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (it->use_count() == 1 && (*it)->settled()) {
+        done.push_back(std::move(*it));
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
+  done.clear();
   accepted_cv_.notify_all();
   MAESTRO_TRACE("path ", path, " to rank ", peer, " up: ", desc);
   // Also for a path that never connected before (it was down at start-up).
@@ -310,13 +325,15 @@ void TcpTransport::postSend(int peer, int path, const void* data, size_t length)
 void TcpTransport::closePath(int peer, int path, const std::string& why) { pathFor(peer, path)->close(why); }
 
 void TcpTransport::shutdown() {
-  std::map<std::pair<int, int>, std::shared_ptr<TcpPath>> paths;
+  std::vector<std::shared_ptr<TcpPath>> paths;
   std::vector<int> listeners;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     stopping_ = true;
-    paths.swap(paths_);
+    paths.swap(retired_);
+    for (auto& kv : paths_) paths.push_back(std::move(kv.second));
+    paths_.clear();
     listeners.swap(listeners_);
   }
   accepted_cv_.notify_all();
@@ -330,7 +347,7 @@ void TcpTransport::shutdown() {
     for (auto& kv : reserved_) ::close(kv.second);
     reserved_.clear();
   }
-  for (auto& kv : paths) kv.second->stop();
+  for (auto& p : paths) p->stop();
   paths.clear();
 }
 

@@ -68,6 +68,10 @@ class TcpTransport : public Transport {
   mutable std::mutex mu_;
   std::condition_variable accepted_cv_;
   std::map<std::pair<int, int>, std::shared_ptr<TcpPath>> paths_;
+  // Replaced connections, kept until their sender thread has flushed every
+  // write they held (a write inside sendmsg() when the connection failed is
+  // flushed only when the call returns) and nobody else holds them.
+  std::vector<std::shared_ptr<TcpPath>> retired_;
   std::map<std::pair<int, int>, Initiated> initiated_;  // paths this side opened
   std::map<std::pair<std::string, uint16_t>, int> reserved_;  // (address, port) -> bound socket
   std::vector<int> listeners_;
