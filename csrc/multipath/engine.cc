@@ -45,6 +45,17 @@ struct Engine::PathSlot {
   int id = -1;             // the transport's path id
   bool initiated = false;  // this rank opened it, and reopens it after a failure
   bool up = false;
+  // Connections this path has had. A chunk remembers the one it was posted
+  // on, so a late flush from a replaced connection neither takes the new one
+  // down nor unbalances its in-flight count.
+  uint32_t generation = 0;
+  // The peer reported this path dead (kPathDown). The notice may be about a
+  // connection that has since been replaced, so the path is not closed on
+  // the peer's word: it is set aside (no new chunks or control messages)
+  // and probed, cleared by any answer, and closed if none comes within
+  // path_timeout.
+  bool doubted = false;
+  Clock::time_point doubted_since{};
   std::string description;
   std::string last_error;
   std::string route;
@@ -77,6 +88,15 @@ struct Engine::Peer {
   const int rank;
   std::mutex mu;
   std::vector<PathSlot> paths;
+  // Up, and not in doubt -- unless every up path is in doubt: then the
+  // doubted ones still carry traffic rather than none.
+  bool usable(size_t i) const {
+    if (!paths[i].up) return false;
+    if (!paths[i].doubted) return true;
+    for (const auto& s : paths)
+      if (s.up && !s.doubted) return false;
+    return true;
+  }
   std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
   std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the path with room and fewest in flight takes them
   size_t next_path = 0;           // where pumpAll's tie-break starts
@@ -231,7 +251,7 @@ std::vector<PathView> Engine::views(const Peer& peer) const {
   std::vector<PathView> v(peer.paths.size());
   for (size_t i = 0; i < peer.paths.size(); ++i) {
     const PathSlot& s = peer.paths[i];
-    v[i].up = s.up;
+    v[i].up = peer.usable(i);
     v[i].inflight = s.inflight + static_cast<int>(s.queue.size());
     v[i].window = config_.window;
     v[i].weight = i < config_.weights.size() ? config_.weights[i] : 1.0;
@@ -254,7 +274,7 @@ void Engine::enqueue(Peer& peer, ChunkDesc* chunk) {
 
 void Engine::pump(Peer& peer, int path, bool pull) {
   PathSlot& slot = peer.paths[path];
-  while (slot.up && slot.inflight < config_.window) {
+  while (peer.usable(path) && slot.inflight < config_.window) {
     ChunkDesc* c = nullptr;
     if (!slot.queue.empty()) {
       c = slot.queue.front();
@@ -281,7 +301,8 @@ void Engine::pumpAll(Peer& peer) {
     for (size_t k = 0; k < n; ++k) {
       const int i = static_cast<int>((peer.next_path + k) % n);
       const PathSlot& s = peer.paths[i];
-      if (s.up && s.inflight < config_.window && (best < 0 || s.inflight < peer.paths[best].inflight)) best = i;
+      if (peer.usable(i) && s.inflight < config_.window && (best < 0 || s.inflight < peer.paths[best].inflight))
+        best = i;
     }
     if (best < 0) break;
     ChunkDesc* c = peer.shared.front();
@@ -295,6 +316,7 @@ void Engine::post(Peer& peer, int path, ChunkDesc* c) {
   PathSlot& slot = peer.paths[path];
   SendOp* op = c->op;
   c->path = path;
+  c->generation = slot.generation;
   c->attempts++;
   c->posted = Clock::now();
   if (slot.inflight == 0) slot.last_progress = c->posted;
@@ -362,7 +384,10 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
     const int path = c->path;  // the slot it was posted on (transport_path is its id)
     (void)transport_path;
     PathSlot& slot = p.paths[path];
-    slot.inflight--;
+    // False for a completion from a connection that has since been replaced
+    // (onPathUp started the new one's count at zero).
+    const bool current = c->generation == slot.generation;
+    if (current) slot.inflight--;
     op->outstanding_--;
     auto now = Clock::now();
     if (ok) {
@@ -370,7 +395,10 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       slot.bytes_sent += c->length;
       slot.chunks_sent++;
       slot.tick_bytes += c->length;
-      slot.last_progress = now;
+      if (current) {
+        slot.last_progress = now;
+        slot.doubted = false;
+      }
       slot.confirmUpTo(c->posted);
       slot.completion = ewma(slot.completion, seconds(now - c->posted));
       {
@@ -382,7 +410,7 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
     } else {
       // A flush means the path is dead, even if its error has not reached
       // us (e.g. it died before the engine was told about it).
-      if (slot.up) pathDown(p, path, "a write on it was flushed");
+      if (slot.up && current) pathDown(p, path, "a write on it was flushed");
       if (!op->failed()) {
         // Move it to a live path. Writes are idempotent (same bytes, same
         // place) and the receiver counts each chunk once, so a copy that did
@@ -524,7 +552,7 @@ int Engine::controlPath(const Peer& peer) const {
   // policy, else the first live one.
   int best = -1;
   for (size_t i = 0; i < peer.paths.size(); ++i) {
-    if (!peer.paths[i].up) continue;
+    if (!peer.usable(i)) continue;
     if (best < 0) best = static_cast<int>(i);
     if (config_.policy == Policy::kLatency && peer.paths[i].rtt > 0 &&
         (peer.paths[best].rtt <= 0 || peer.paths[i].rtt < peer.paths[best].rtt))
@@ -640,16 +668,19 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
           slot.ping_outstanding = false;
           slot.confirmUpTo(slot.ping_sent);
         }
-        return;
+        if (slot.doubted) {
+          slot.doubted = false;  // it answers: the notice was about an older connection
+          MAESTRO_INFO("path ", slot_index, " to rank ", peer, " answers: rank ", peer,
+                       "'s report that it is dead was about an earlier connection");
+          pumpAll(p);
+        }
+        break;  // notify(): chunks may have moved
       }
       case ControlType::kPathDown: {
-        bool close = false;
-        {
-          std::lock_guard<std::mutex> lock(p.mu);
-          int slot = slotOf(p, static_cast<int>(h.sub));
-          close = slot >= 0 && p.paths[slot].up;
-        }
-        if (close) mesh_.transport->closePath(peer, static_cast<int>(h.sub), "the peer found this path dead");
+        std::lock_guard<std::mutex> lock(p.mu);
+        int slot_index = slotOf(p, static_cast<int>(h.sub));
+        if (slot_index < 0 || !p.paths[slot_index].up || p.paths[slot_index].doubted) return;
+        doubt(p, slot_index);
         return;
       }
       case ControlType::kBye: {
@@ -700,6 +731,8 @@ void Engine::onPathUp(int peer, int transport_path) {
     PathSlot& slot = p.paths[path];
     if (slot.up) return;
     slot.up = true;
+    slot.generation++;
+    slot.doubted = false;
     slot.reconnects++;
     slot.inflight = 0;  // the old connection flushed everything it held
     slot.last_progress = Clock::now();
@@ -756,22 +789,50 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
     } else {
       for (ChunkDesc* c : orphans) enqueue(p, c);
       pumpAll(p);
-      // Control messages the dead path may have swallowed (credits, op
-      // descriptors, barrier tokens) go again on a live path; a receiver
-      // that already has one keeps one.
-      std::deque<SentControl> lost;
-      lost.swap(slot.unconfirmed);
-      if (!lost.empty() && !p.left) MAESTRO_INFO("re-sending ", lost.size(), " control message(s) to rank ", peer);
-      for (auto& m : lost) {
-        if (p.left) break;
-        try {
-          postControl(p, std::move(m.msg), true);
-        } catch (const Error&) {
-          break;  // no path left: the peer is unreachable and every waiter learns it
-        }
-      }
+      resendUnconfirmed(p, slot);
     }
   }
+}
+
+void Engine::resendUnconfirmed(Peer& p, PathSlot& slot) {
+  // Control messages the path may have swallowed (credits, op descriptors,
+  // barrier tokens) go again on a live path; a receiver that already has
+  // one keeps one.
+  std::deque<SentControl> lost;
+  lost.swap(slot.unconfirmed);
+  if (!lost.empty() && !p.left) MAESTRO_INFO("re-sending ", lost.size(), " control message(s) to rank ", p.rank);
+  for (auto& m : lost) {
+    if (p.left) break;
+    try {
+      postControl(p, std::move(m.msg), true);
+    } catch (const Error&) {
+      break;  // no path left: the peer is unreachable and every waiter learns it
+    }
+  }
+}
+
+void Engine::doubt(Peer& p, int path) {
+  PathSlot& slot = p.paths[path];
+  slot.doubted = true;
+  slot.doubted_since = Clock::now();
+  MAESTRO_INFO("rank ", p.rank, " reports path ", path, " dead: set aside and probed before it is closed");
+  if (!slot.ping_outstanding) {
+    slot.ping_outstanding = true;
+    slot.ping_sent = slot.doubted_since;
+    ControlHeader h{};
+    h.type = static_cast<uint8_t>(ControlType::kPing);
+    try {
+      mesh_.transport->postSend(p.rank, slot.id, &h, sizeof h);
+    } catch (const Error&) {
+    }
+  }
+  // What waits on it moves now, as if it were down; if it answers, the
+  // duplicates are harmless (control messages are idempotent by key).
+  std::deque<ChunkDesc*> queued;
+  queued.swap(slot.queue);
+  for (ChunkDesc* c : queued) enqueue(p, c);
+  pumpAll(p);
+  resendUnconfirmed(p, slot);
 }
 
 // ---------------------------------------------------------------- monitor
@@ -838,6 +899,9 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
       if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout && p.last_heard > s.last_progress)
         to_close.emplace_back(s.id, strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
                                            " chunks in flight (blackholed path?)"));
+      else if (s.doubted && seconds(now - s.doubted_since) > config_.path_timeout)
+        to_close.emplace_back(s.id, strcat("rank ", peer, " found it dead, and it has not answered a probe for ",
+                                           config_.path_timeout, " s"));
       if (probe && !s.ping_outstanding) {
         s.ping_outstanding = true;
         s.ping_sent = now;
@@ -913,9 +977,10 @@ std::vector<PathStats> Engine::pathStats() const {
       PathStats st;
       st.peer = peer;
       st.path = static_cast<int>(i);
-      st.state = !s.up ? "down" : (s.inflight > 0 && seconds(Clock::now() - s.last_progress) > config_.path_timeout / 2)
-                                      ? "suspect"
-                                      : "up";
+      st.state = !s.up ? "down"
+                 : (s.doubted || (s.inflight > 0 && seconds(Clock::now() - s.last_progress) > config_.path_timeout / 2))
+                     ? "suspect"
+                     : "up";
       st.description = s.description;
       st.last_error = s.last_error;
       st.route = s.route;

@@ -47,7 +47,7 @@ namespace multipath {
 
 enum class ControlType : uint8_t {
   kDesc = 1, kCredit = 2, kAbort = 3, kBarrier = 4, kPing = 5, kPong = 6, kBye = 7,
-  kPathDown = 8,  // "your path <sub> to me is dead": its opener reconnects
+  kPathDown = 8,  // "your path <sub> to me is dead": verified by a probe, then closed (its opener reconnects)
 };
 
 struct ControlKey {
@@ -177,6 +177,8 @@ class Engine : public transport::CompletionSink {
   int controlPath(const Peer& peer) const;         // peer.mu held
   static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
+  void doubt(Peer& peer, int slot);                                // peer.mu held: the peer says it is dead
+  void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
   void monitorLoop();
   void monitorPeer(int peer, Clock::time_point now, double dt, bool probe);
   void reconnectLoop();
@@ -223,6 +225,7 @@ struct ChunkDesc {
   SendOp* op = nullptr;
   uint32_t index = 0;   // chunk id
   int path = -1;        // virtual path it is posted to
+  uint32_t generation = 0;  // which connection of that path
   uint64_t offset = 0;  // within the message
   uint64_t length = 0;
   int attempts = 0;

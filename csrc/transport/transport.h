@@ -86,7 +86,8 @@ class CompletionSink {
   virtual void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) = 0;
   // Receiver side: a two-sided control message.
   virtual void onMessage(int peer, int path, const uint8_t* data, size_t length) = 0;
-  // The path is dead. Raised once per path and connection.
+  // The path is dead. Raised once per path and connection, and always
+  // before the onPathUp of the connection that replaces it.
   virtual void onPathError(int peer, int path, const std::string& what) = 0;
   // A connection for the path is established (either side; also at
   // start-up, and for a path that failed to connect then): the path is

@@ -61,6 +61,41 @@ TEST(EngineControl, MessagesOnAPathClosedUnderThemStillArrive) {
   }
 }
 
+// A peer's "this path is dead" notice can arrive after the path was already
+// reconnected (it travels on another path, the reconnect on its own). The
+// engine probes before it believes it: a path that answers stays up.
+TEST(EngineFailover, ADeadPathReportAboutALiveConnectionDoesNotCloseIt) {
+  MemoryRendezvous store;
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  auto errors = runRanks(2, [&](int r) {
+    engines[r] = std::make_unique<Engine>(
+        std::map<std::string, std::string>{{"paths", "2"}, {"probe_interval", "0.1"}, {"path_timeout", "0.5"}}, store,
+        r, 2, after(30));
+  });
+  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  Engine& a = *engines[0];
+  Engine& b = *engines[1];
+  b.sendControl(0, ControlType::kPathDown, 0, 0);  // stale: path 0 is fine
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // three path timeouts
+  for (const auto& s : a.pathStats()) {
+    EXPECT_EQ("up", s.state) << a.pathTable();
+    EXPECT_EQ(0u, s.errors) << "path " << s.path << " was closed on a stale report:\n" << a.pathTable();
+    EXPECT_EQ(0u, s.reconnects) << a.pathTable();
+  }
+  // ...and carries data.
+  const uint64_t count = 64 * 1024;
+  std::vector<std::vector<float>> data(2, std::vector<float>(count, 1.0f));
+  errors = runRanks(2, [&](int r) {
+    Engine& e = *engines[r];
+    collectives::Window w{e.registerMemory(data[r].data(), count * sizeof(float)), 0};
+    collectives::allreduce(e, 1, w, count, collectives::DType::kFloat32, collectives::ReduceOp::kSum, after(30));
+    e.deregisterMemory(w.region);
+  });
+  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  EXPECT_EQ(2.0f, data[0][count - 1]);
+  for (const auto& s : a.pathStats()) EXPECT_GT(s.chunks_sent, 0u) << a.pathTable();
+}
+
 TEST(EngineAdaptive, ASmallMessageIsSpreadOverThePathsNotPiledOnTheFirst) {
   // 2 ranks, chunks of 4 KiB: each allreduce message is 5 chunks, fewer
   // than one path's window. Adaptive must still use every path.

@@ -128,10 +128,19 @@ void TcpPath::deliverFlush(std::vector<uint64_t>& wr_ids) {
 void TcpPath::fail(const std::string& why) {
   std::vector<uint64_t> flushed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failed_) {
+      // Another thread is failing it: return once the sink has heard, so a
+      // replacement's onPathUp never overtakes this connection's error.
+      cv_.wait(lock, [&] { return error_raised_; });
+      return;
+    }
     failed_ = true;
-    if (stopping_) return;  // shutting down: nobody wants completions
+    if (stopping_) {  // shutting down: nobody wants completions
+      error_raised_ = true;
+      cv_.notify_all();
+      return;
+    }
     for (auto& o : queue_) flushed.push_back(o.wr_id);
     queue_.clear();
     control_.clear();
@@ -145,6 +154,11 @@ void TcpPath::fail(const std::string& why) {
   cv_.notify_all();
   MAESTRO_INFO("path ", path_, " to rank ", peer_, " (", description_, ") failed: ", why);
   sink_->onPathError(peer_, path_, why);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_raised_ = true;
+  }
+  cv_.notify_all();
   deliverFlush(flushed);
 }
 

@@ -84,6 +84,7 @@ class TcpPath {
   uint64_t writes_received_ = 0;       // WRITE frames landed (receiver side)
   uint64_t acks_sent_ = 0;             // last cumulative count we ACKed
   bool failed_ = false;
+  bool error_raised_ = false;          // onPathError has returned (or was skipped at shutdown)
   bool stopping_ = false;
 
   std::thread sender_;
