@@ -149,7 +149,8 @@ def exp_load_balance(ctx):
         try:
             time.sleep(1)
             for policy in ("adaptive", "round_robin") if ctx.quick else ("adaptive", "weighted", "round_robin"):
-                res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", "4" if ctx.quick else "12"],
+                # 64 MiB: the size issue 4 judges this criterion at.
+                res = run_ranks(lab, ["loop", "--size", "64M", "--seconds", "5" if ctx.quick else "15"],
                                 env={"MAESTRO_POLICY": policy})
                 runs[policy] = res
         finally:
