@@ -102,7 +102,10 @@ def path_stats(group=None) -> list[dict]:
     """Per-path counters of this rank: one dict per (peer, path) with bytes and
     chunks each way, errors, resent chunks, state (up/suspect/down), measured
     throughput, chunk completion time and probe RTT. `peer` is the rank in
-    `group`, `global_peer` the rank in the world."""
+    `group`, `global_peer` the rank in the world. `nic_counters` holds the
+    NIC's congestion and loss counters on verbs (DCQCN's CNP/ECN counters
+    where the device has them, retransmissions and sequence errors):
+    device-wide values, empty on TCP or where the device exposes none."""
     stats = backend_of(group).path_stats()
     for s in stats:
         s["global_peer"] = s["peer"] if group is None else dist.get_global_rank(group, s["peer"])

@@ -968,6 +968,7 @@ void Engine::reconnectPath(int peer, int id, Clock::time_point until) {
 
 std::vector<PathStats> Engine::pathStats() const {
   std::vector<PathStats> out;
+  std::vector<int> ids;  // transport path ids
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     Peer& p = *peers_[peer];
@@ -995,8 +996,11 @@ std::vector<PathStats> Engine::pathStats() const {
       st.completion_time = s.completion;
       st.rtt = s.rtt;
       out.push_back(st);
+      ids.push_back(s.id);
     }
   }
+  // Outside the peers' locks: the transport takes its own.
+  for (size_t i = 0; i < out.size(); ++i) out[i].nic_counters = mesh_.transport->nicCounters(out[i].peer, ids[i]);
   return out;
 }
 
@@ -1015,12 +1019,21 @@ std::string Engine::pathTable() const {
   os << "  peer path state   " << std::left << std::setw(44) << "local <-> remote" << std::right << std::setw(12)
      << "sent MB" << std::setw(12) << "recv MB" << std::setw(9) << "chunks" << std::setw(7) << "errors"
      << std::setw(7) << "resent" << std::setw(10) << "MB/s" << std::setw(10) << "rtt ms" << "\n";
-  for (const auto& s : pathStats()) {
+  const std::vector<PathStats> stats = pathStats();
+  for (const auto& s : stats) {
     os << "  " << std::setw(4) << s.peer << std::setw(5) << s.path << " " << std::left << std::setw(8) << s.state
        << std::setw(44) << s.description << std::right << std::fixed << std::setprecision(2) << std::setw(12)
        << s.bytes_sent / 1e6 << std::setw(12) << s.bytes_received / 1e6 << std::setw(9) << s.chunks_sent
        << std::setw(7) << s.errors << std::setw(7) << s.resent << std::setw(10) << s.throughput / 1e6
        << std::setw(10) << s.rtt * 1e3 << "\n";
+  }
+  // Device-wide, so once: the NIC of the first path that has any.
+  for (const auto& s : stats) {
+    if (s.nic_counters.empty()) continue;
+    os << "  NIC congestion/loss counters (device-wide):";
+    for (const auto& kv : s.nic_counters) os << " " << kv.first << "=" << kv.second;
+    os << "\n";
+    break;
   }
   return os.str();
 }

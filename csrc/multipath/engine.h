@@ -73,6 +73,9 @@ struct PathStats {
   double throughput = 0;       // bytes/s while busy (EWMA)
   double completion_time = 0;  // seconds per chunk, post to ACK (EWMA)
   double rtt = 0;              // probe round trip, seconds (EWMA)
+  // The NIC's congestion and loss counters (verbs: CNPs, ECN marks,
+  // retransmissions), device-wide; empty where the device exposes none.
+  std::map<std::string, uint64_t> nic_counters;
 };
 
 class SendOp;

@@ -2,7 +2,8 @@
 use init_process_group("maestro") with MAESTRO_TRANSPORT=verbs over the VM's
 four aliases; a small allreduce and allgather are verified, and every path's
 queue pair must carry the RoCEv2 GID index of its own alias (the transport
-reads it back with ibv_query_qp). Tensors stay tiny: torch runs ~1000x
+reads it back with ibv_query_qp), and path_stats() must report the NIC's
+counters. Tensors stay tiny: torch runs ~1000x
 slower under emulation. Exit code 0 = everything checked."""
 import multiprocessing as mp
 import os
@@ -59,6 +60,8 @@ def rank_main(rank, world, port, out):
             assert local == vnics[s["path"] % len(vnics)], f"path {s['path']} starts at {local}"
             assert gid == roce_gid_index(local), f"path {s['path']}: QP uses GID {gid}, alias {local} has {roce_gid_index(local)}"
             assert s["bytes_sent"] + s["bytes_received"] > 0 or s["path"] >= 0
+            # Soft-RoCE's retransmission / sequence-error counters (it has no CNP ones).
+            assert "rcvd_seq_err" in s["nic_counters"], f"path {s['path']}: nic_counters {s['nic_counters']}"
             checked.append((s["path"], local, gid))
         if rank == 0:
             # maestro-vnic shows every alias with the GID index its QP uses.

@@ -293,6 +293,8 @@ bool Path::established() const {
   return established_;
 }
 
+int Path::port() const { return id_ != nullptr && id_->port_num != 0 ? id_->port_num : 1; }
+
 std::string Path::description() const {
   std::lock_guard<std::mutex> lock(mu_);
   return description_;

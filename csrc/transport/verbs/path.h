@@ -65,6 +65,8 @@ class Path {
   int peer() const { return peer_; }
   int index() const { return index_; }
   ibv_qp* qp() const { return qp_; }
+  int port() const;  // the device port rdma_cm bound it to
+  const Device& device() const { return *device_; }
 
   // Creates the QP on `id` (which rdma_cm bound to this path's device and
   // source GID), registers the control buffers and pre-posts every receive.

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/nic_counters.h"
 #include "transport/verbs/gid_table.h"
 #include "transport/verbs/memory_region.h"
 #include "transport/verbs/verbs_transport_impl.h"
@@ -189,6 +190,11 @@ void VerbsTransport::closePath(int peer, int path, const std::string& why) {
 std::string VerbsTransport::describePath(int peer, int path) const {
   Path* p = livePath(peer, path);
   return p == nullptr ? strcat("(verbs: no path ", path, " to peer ", peer, ")") : p->description();
+}
+
+std::map<std::string, uint64_t> VerbsTransport::nicCounters(int peer, int path) const {
+  Path* p = livePath(peer, path);
+  return p == nullptr ? std::map<std::string, uint64_t>{} : readNicCounters(nicPortDir(p->device().name(), p->port()));
 }
 
 // ---- shutdown -------------------------------------------------------------------

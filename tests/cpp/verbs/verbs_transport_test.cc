@@ -604,6 +604,16 @@ TEST_F(VerbsPairTest, ReconnectBringsAFailedPathBack) {
   ASSERT_TRUE(s1_.waitFor([&] { return !s1_.messages_.empty(); }, seconds(20)));
 }
 
+// Soft-RoCE publishes retransmission and sequence-error counters (no
+// CNP/ECN ones: it has no DCQCN); the transport reports them for its paths.
+TEST_F(VerbsPairTest, NicCountersOfTheDeviceAreReported) {
+  for (int i = 0; i < kPaths; ++i) {
+    auto c = t1_->nicCounters(0, i);
+    EXPECT_EQ(1u, c.count("rcvd_seq_err")) << "path " << i << ": " << c.size() << " counters";
+    EXPECT_EQ(1u, c.count("completer_retry_err")) << "path " << i;
+  }
+}
+
 TEST_F(VerbsPairTest, ProbeRoutesSaysWhyNot) {
   std::string why;
   const auto hops = t1_->probeRoutes({{"192.168.50.1:1", "192.168.50.2:2"}, {"192.168.50.3:3", "192.168.50.4:4"}}, 1,
