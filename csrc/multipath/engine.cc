@@ -38,6 +38,7 @@ struct Engine::SentControl {
 };
 
 namespace {
+constexpr double kMinDoubtWindow = 0.25;  // seconds: a floor for scheduling noise on a loaded host
 constexpr size_t kMaxUnconfirmed = 4096;  // a path that never confirms keeps only the newest
 }  // namespace
 
@@ -50,10 +51,11 @@ struct Engine::PathSlot {
   // down nor unbalances its in-flight count.
   uint32_t generation = 0;
   // The peer reported this path dead (kPathDown). The notice may be about a
-  // connection that has since been replaced, so the path is not closed on
-  // the peer's word: it is set aside (no new chunks or control messages)
-  // and probed, cleared by any answer, and closed if none comes within
-  // path_timeout.
+  // connection that has since been replaced, so unless our own chunks on it
+  // are stuck too, the path is not closed on the peer's word: it is set
+  // aside (no new chunks or control messages) and probed, cleared by any
+  // answer, and closed if none comes within doubtWindow() (a few RTTs, at
+  // most path_timeout).
   bool doubted = false;
   Clock::time_point doubted_since{};
   std::string description;
@@ -677,10 +679,19 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         break;  // notify(): chunks may have moved
       }
       case ControlType::kPathDown: {
-        std::lock_guard<std::mutex> lock(p.mu);
-        int slot_index = slotOf(p, static_cast<int>(h.sub));
-        if (slot_index < 0 || !p.paths[slot_index].up || p.paths[slot_index].doubted) return;
-        doubt(p, slot_index);
+        bool close = false;
+        {
+          std::lock_guard<std::mutex> lock(p.mu);
+          int slot_index = slotOf(p, static_cast<int>(h.sub));
+          if (slot_index < 0 || !p.paths[slot_index].up || p.paths[slot_index].doubted) return;
+          const PathSlot& s = p.paths[slot_index];
+          // Our own chunks on it are stuck as well: the report is about this
+          // connection, and they move only once it is closed. Otherwise
+          // nothing waits on it: verify before believing.
+          close = s.inflight > 0 && seconds(Clock::now() - s.last_progress) > kMinDoubtWindow;
+          if (!close) doubt(p, slot_index);
+        }
+        if (close) mesh_.transport->closePath(peer, static_cast<int>(h.sub), "the peer found this path dead");
         return;
       }
       case ControlType::kBye: {
@@ -811,6 +822,15 @@ void Engine::resendUnconfirmed(Peer& p, PathSlot& slot) {
   }
 }
 
+double Engine::doubtWindow(const PathSlot& slot) const {
+  // A live path answers a probe within a few of its round trips (the probe
+  // overtakes queued data, and a doubted path gets no new chunks). Waiting
+  // longer only holds the chunks already in flight on a path that is, most
+  // often, really dead: they move only once it is closed.
+  if (slot.rtt <= 0) return config_.path_timeout;
+  return std::min(config_.path_timeout, std::max(kMinDoubtWindow, 4 * slot.rtt));
+}
+
 void Engine::doubt(Peer& p, int path) {
   PathSlot& slot = p.paths[path];
   slot.doubted = true;
@@ -899,9 +919,9 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
       if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout && p.last_heard > s.last_progress)
         to_close.emplace_back(s.id, strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
                                            " chunks in flight (blackholed path?)"));
-      else if (s.doubted && seconds(now - s.doubted_since) > config_.path_timeout)
+      else if (s.doubted && seconds(now - s.doubted_since) > doubtWindow(s))
         to_close.emplace_back(s.id, strcat("rank ", peer, " found it dead, and it has not answered a probe for ",
-                                           config_.path_timeout, " s"));
+                                           doubtWindow(s), " s"));
       if (probe && !s.ping_outstanding) {
         s.ping_outstanding = true;
         s.ping_sent = now;

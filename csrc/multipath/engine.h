@@ -181,6 +181,7 @@ class Engine : public transport::CompletionSink {
   static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void doubt(Peer& peer, int slot);                                // peer.mu held: the peer says it is dead
+  double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
   void monitorLoop();
   void monitorPeer(int peer, Clock::time_point now, double dt, bool probe);
