@@ -112,7 +112,8 @@ def cmd_sweep(args):
             times = timed(fn, g, iterations_for(size, args.budget, 50e6))
             med = statistics.median(times)
             rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
-                         "busbw_GBps": size / med / 1e9 * factor, "iters": len(times)})
+                         "busbw_GBps": size / med / 1e9 * factor, "iters": len(times),
+                         "times": times})
             log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw")
     emit({"collective": args.collective, "world": n, "rows": rows})
 

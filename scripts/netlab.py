@@ -24,7 +24,8 @@ Addressing::
     leaf dev towards host i: "h<i>";  host dev: "eth0"
 
 Routing: leaves hold one ECMP route per remote host over all spines, hashed on
-L4 (net.ipv4.fib_multipath_hash_policy=1), plus one table per spine (100+s)
+the 5-tuple (fib_multipath_hash_policy=3 with the 5-tuple fields; see
+ECMP_HASH for why not policy 1), plus one table per spine (100+s)
 with routes to the remote hosts through that spine.  In ``pinned`` mode policy
 rules ``from alias(i,k)`` (at host i's leaf) and ``to alias(i,k)`` (at the other
 leaves) select table 100+(k mod S), so alias k crosses spine k in both
@@ -250,6 +251,20 @@ def _in_netns(targets, fn):
     if err:
         raise err[0]
     return result
+
+
+# The leaves' ECMP hash: the 5-tuple from the packet's headers, as a switch
+# computes it. Policy 1 ("L4") is not that here: it returns the hash already
+# on the skb when there is one, and a TCP socket stamps its packets with its
+# own random flow hash (sk_txhash), which a veth carries into the router's
+# namespace. A connection's spine would then be a per-socket random draw (two
+# connections on one 5-tuple taking different spines, and TCP re-rolls it
+# after a retransmission timeout), which no discovery by 5-tuple can learn.
+# Policy 3 with the 5-tuple fields (Linux >= 5.12) dissects the headers.
+_FIVE_TUPLE = 0x01 | 0x02 | 0x04 | 0x10 | 0x20  # src ip, dst ip, ip proto, src port, dst port
+ECMP_HASH = ({"net.ipv4.fib_multipath_hash_policy": 3, "net.ipv4.fib_multipath_hash_fields": _FIVE_TUPLE}
+             if os.path.exists("/proc/sys/net/ipv4/fib_multipath_hash_fields")
+             else {"net.ipv4.fib_multipath_hash_policy": 1})
 
 
 def _write_sysctls(values: dict):
@@ -615,7 +630,7 @@ class Lab:
         router = dict(common, **{"net.ipv4.ip_forward": 1,
                                  "net.ipv4.conf.all.ignore_routes_with_linkdown": 0,
                                  "net.ipv4.conf.default.ignore_routes_with_linkdown": 0})
-        leaf = dict(router, **{"net.ipv4.fib_multipath_hash_policy": 1})
+        leaf = dict(router, **ECMP_HASH)
 
         def sysctls(name):
             node = name[len(self.prefix):]

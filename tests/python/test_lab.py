@@ -32,6 +32,11 @@ def lab(name, **kw):
     return netlab.Lab(name=f"{name}{os.getpid() % 10000}", core=200, access=1000, **kw)
 
 
+def bytes_up(before, after, leaf):
+    """Bytes each spine received from `leaf` between two link_bytes() calls."""
+    return [after[(leaf, s)][0] - before[(leaf, s)][0] for s in range(4)]
+
+
 def test_pinned_paths_use_every_spine():
     with lab("tp", mode="pinned") as l:
         before = l.link_bytes()
@@ -41,7 +46,7 @@ def test_pinned_paths_use_every_spine():
     assert all(it["ok"] for rank in res["ranks"] for it in rank)
     # L0 -> spines carries the 1->2 crossing: each of its 4 paths is pinned
     # to its own spine, so every spine carries a real share.
-    up = [after[(0, s)][0] - before[(0, s)][0] for s in range(4)]
+    up = bytes_up(before, after, 0)
     assert min(up) > 0.1 * sum(up), f"bytes L0->spine per spine: {up}"
 
 
@@ -80,6 +85,19 @@ def test_ecmp_discovery_picks_disjoint_spines():
             assert t["ok"]
             hops = t["hops_to_right"]
             assert all(hops) and len(set(hops)) == 4, f"rank {rank}: paths to the right via {hops}"
+    # The probes' word is checked against the bytes: data on discovered paths
+    # really crosses every spine, in both crossings (L0 -> spines carries
+    # 1->2, L1 -> spines 3->0). Two paths hashed onto one spine leave another
+    # spine's link idle.
+    with lab("tv", mode="ecmp") as l:
+        before = l.link_bytes()
+        res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "0",
+                                       "--min-iters", "2", "--discovery"], timeout=300))
+        after = l.link_bytes()
+    assert all(it["ok"] for rank in res["ranks"] for it in rank)
+    for leaf in (0, 1):
+        up = bytes_up(before, after, leaf)
+        assert min(up) > 0.1 * sum(up), f"bytes L{leaf}->spine per spine on discovered paths: {up}"
 
 
 def test_adaptive_moves_chunks_off_loaded_spines():
