@@ -831,6 +831,16 @@ double Engine::doubtWindow(const PathSlot& slot) const {
   return std::min(config_.path_timeout, std::max(kMinDoubtWindow, 4 * slot.rtt));
 }
 
+void Engine::sendPing(int peer, int id) {
+  ControlHeader h{};
+  h.type = static_cast<uint8_t>(ControlType::kPing);
+  try {
+    mesh_.transport->postSend(peer, id, &h, sizeof h);
+  } catch (const Error&) {
+    // A dead path: the missing pong is the answer, and its error is reported on its own.
+  }
+}
+
 void Engine::doubt(Peer& p, int path) {
   PathSlot& slot = p.paths[path];
   slot.doubted = true;
@@ -839,12 +849,7 @@ void Engine::doubt(Peer& p, int path) {
   if (!slot.ping_outstanding) {
     slot.ping_outstanding = true;
     slot.ping_sent = slot.doubted_since;
-    ControlHeader h{};
-    h.type = static_cast<uint8_t>(ControlType::kPing);
-    try {
-      mesh_.transport->postSend(p.rank, slot.id, &h, sizeof h);
-    } catch (const Error&) {
-    }
+    sendPing(p.rank, slot.id);
   }
   // What waits on it moves now, as if it were down; if it answers, the
   // duplicates are harmless (control messages are idempotent by key).
@@ -930,14 +935,7 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
     }
   }
   for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
-  for (int id : to_ping) {
-    ControlHeader h{};
-    h.type = static_cast<uint8_t>(ControlType::kPing);
-    try {
-      mesh_.transport->postSend(peer, id, &h, sizeof h);
-    } catch (const Error&) {
-    }
-  }
+  for (int id : to_ping) sendPing(peer, id);
   if (!to_reconnect.empty()) {
     std::lock_guard<std::mutex> lock(reconnect_mu_);
     for (int id : to_reconnect) reconnect_wanted_.insert({peer, id});

@@ -182,6 +182,7 @@ class Engine : public transport::CompletionSink {
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void doubt(Peer& peer, int slot);                                // peer.mu held: the peer says it is dead
   double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
+  void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
   void monitorLoop();
   void monitorPeer(int peer, Clock::time_point now, double dt, bool probe);
