@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "multipath/decomposer.h"
+#include "transport/nic_counters.h"
 
 namespace maestro {
 namespace multipath {
@@ -1017,8 +1018,16 @@ std::vector<PathStats> Engine::pathStats() const {
       ids.push_back(s.id);
     }
   }
-  // Outside the peers' locks: the transport takes its own.
-  for (size_t i = 0; i < out.size(); ++i) out[i].nic_counters = mesh_.transport->nicCounters(out[i].peer, ids[i]);
+  // Outside the peers' locks: the transport takes its own. The counters are
+  // the port's, so each port is read once, however many paths run on it.
+  std::map<std::string, std::map<std::string, uint64_t>> by_port;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::string port = mesh_.transport->nicPort(out[i].peer, ids[i]);
+    if (port.empty()) continue;
+    auto it = by_port.find(port);
+    if (it == by_port.end()) it = by_port.emplace(port, transport::readNicCounters(port)).first;
+    out[i].nic_counters = it->second;
+  }
   return out;
 }
 

@@ -28,7 +28,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -154,10 +153,10 @@ class Transport {
   virtual void awaitAccepted(size_t count, Deadline deadline) = 0;
   // Addresses a path uses, for the path table ("ip:port").
   virtual std::string describePath(int peer, int path) const = 0;
-  // The congestion and loss counters of the NIC the path runs on
-  // (nic_counters.h; device-wide, not per path). Empty where the transport
-  // or the device has none.
-  virtual std::map<std::string, uint64_t> nicCounters(int peer, int path) const { return {}; }
+  // The sysfs directory of the NIC port the path runs on, whose congestion
+  // and loss counters readNicCounters() reads (nic_counters.h; device-wide:
+  // every path on the port shares them). Empty where the transport has none.
+  virtual std::string nicPort(int peer, int path) const { return {}; }
   // Re-open a failed path this side initiated, from the same local address
   // and, where possible, the same source port (the same 5-tuple, so ECMP
   // puts it on the same route). False if the peer was not reached in time.

@@ -192,9 +192,9 @@ std::string VerbsTransport::describePath(int peer, int path) const {
   return p == nullptr ? strcat("(verbs: no path ", path, " to peer ", peer, ")") : p->description();
 }
 
-std::map<std::string, uint64_t> VerbsTransport::nicCounters(int peer, int path) const {
+std::string VerbsTransport::nicPort(int peer, int path) const {
   Path* p = livePath(peer, path);
-  return p == nullptr ? std::map<std::string, uint64_t>{} : readNicCounters(nicPortDir(p->device().name(), p->port()));
+  return p == nullptr ? std::string() : nicPortDir(p->device().name(), p->port());
 }
 
 // ---- shutdown -------------------------------------------------------------------

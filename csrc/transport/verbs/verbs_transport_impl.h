@@ -73,7 +73,7 @@ class VerbsTransport final : public Transport {
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
   void awaitAccepted(size_t count, Deadline deadline) override;
   std::string describePath(int peer, int path) const override;
-  std::map<std::string, uint64_t> nicCounters(int peer, int path) const override;
+  std::string nicPort(int peer, int path) const override;
   // Same local vNIC, same endpoint, same hello as the connect() that first
   // opened the path. Not the same UDP source port, though: RoCEv2 takes it
   // from the NIC (rxe hashes the QP number), and a new QP has a new number,

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "transport/nic_counters.h"
 #include "transport/verbs/gid_table.h"
 #include "transport/verbs/verbs_transport.h"
 
@@ -608,7 +609,7 @@ TEST_F(VerbsPairTest, ReconnectBringsAFailedPathBack) {
 // CNP/ECN ones: it has no DCQCN); the transport reports them for its paths.
 TEST_F(VerbsPairTest, NicCountersOfTheDeviceAreReported) {
   for (int i = 0; i < kPaths; ++i) {
-    auto c = t1_->nicCounters(0, i);
+    auto c = readNicCounters(t1_->nicPort(0, i));
     EXPECT_EQ(1u, c.count("rcvd_seq_err")) << "path " << i << ": " << c.size() << " counters";
     EXPECT_EQ(1u, c.count("completer_retry_err")) << "path " << i;
   }
