@@ -39,6 +39,7 @@ struct Engine::SentControl {
 };
 
 namespace {
+constexpr double kRateSample = 0.004;    // seconds: the shortest busy interval a throughput sample covers
 constexpr double kMinDoubtWindow = 0.25;  // seconds: a floor for scheduling noise on a loaded host
 constexpr size_t kMaxUnconfirmed = 4096;  // a path that never confirms keeps only the newest
 }  // namespace
@@ -69,9 +70,9 @@ struct Engine::PathSlot {
   // Monitor.
   Clock::time_point last_progress{};
   double completion = 0;     // EWMA seconds per chunk
-  double throughput = 0;     // EWMA bytes/s over busy intervals
-  uint64_t tick_bytes = 0;   // bytes completed since the last monitor tick
-  bool tick_busy = false;    // chunks were in flight during the tick
+  double throughput = 0;     // EWMA bytes/s while busy
+  Clock::time_point busy_mark{};  // start of the current throughput sample (chunks in flight since)
+  uint64_t busy_bytes = 0;        // bytes completed since busy_mark
   double rtt = 0;            // EWMA probe RTT
   Clock::time_point ping_sent{};
   bool ping_outstanding = false;
@@ -101,8 +102,7 @@ struct Engine::Peer {
     return true;
   }
   std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
-  std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the path with room and fewest in flight takes them
-  size_t next_path = 0;           // where pumpAll's tie-break starts
+  std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the scheduler's pull() picks the path that takes each
   std::unique_ptr<Scheduler> scheduler;
   Reassembler reassembler;
   std::map<ControlKey, std::vector<uint8_t>> inbox;
@@ -260,6 +260,7 @@ std::vector<PathView> Engine::views(const Peer& peer) const {
     v[i].weight = i < config_.weights.size() ? config_.weights[i] : 1.0;
     v[i].throughput = s.throughput;
     v[i].rtt = s.rtt;
+    v[i].stalled = s.inflight > 0 ? seconds(Clock::now() - s.last_progress) : 0.0;
   }
   return v;
 }
@@ -282,7 +283,8 @@ void Engine::pump(Peer& peer, int path, bool pull) {
     if (!slot.queue.empty()) {
       c = slot.queue.front();
       slot.queue.pop_front();
-    } else if (pull && peer.scheduler->pulls() && !peer.shared.empty()) {
+    } else if (pull && peer.scheduler->pulls() && !peer.shared.empty() &&
+               peer.scheduler->pull(views(peer), path, peer.shared.size(), peer.shared.front()->length) == path) {
       c = peer.shared.front();
       peer.shared.pop_front();
     } else {
@@ -295,23 +297,15 @@ void Engine::pump(Peer& peer, int path, bool pull) {
 void Engine::pumpAll(Peer& peer) {
   const size_t n = peer.paths.size();
   for (size_t i = 0; i < n; ++i) pump(peer, static_cast<int>(i), /*pull=*/false);
-  // Shared chunks (adaptive, latency): one at a time to the live path with
-  // the fewest in flight, ties in turn. Filling the first path's window
-  // first would put every small message on one path; after this, each
-  // completion pulls the next chunk onto its own path (ACK clocking).
+  // Shared chunks (adaptive, latency): one at a time, to the path the
+  // scheduler picks (none: the chunk waits for a path that will finish it
+  // sooner). After this, each completion lets its own path pull first.
   while (!peer.shared.empty()) {
-    int best = -1;
-    for (size_t k = 0; k < n; ++k) {
-      const int i = static_cast<int>((peer.next_path + k) % n);
-      const PathSlot& s = peer.paths[i];
-      if (peer.usable(i) && s.inflight < config_.window && (best < 0 || s.inflight < peer.paths[best].inflight))
-        best = i;
-    }
-    if (best < 0) break;
+    const int best = peer.scheduler->pull(views(peer), kAnyPath, peer.shared.size(), peer.shared.front()->length);
+    if (best < 0 || !peer.usable(best) || peer.paths[best].inflight >= config_.window) break;
     ChunkDesc* c = peer.shared.front();
     peer.shared.pop_front();
     post(peer, best, c);
-    peer.next_path = (best + 1) % n;
   }
 }
 
@@ -322,7 +316,11 @@ void Engine::post(Peer& peer, int path, ChunkDesc* c) {
   c->generation = slot.generation;
   c->attempts++;
   c->posted = Clock::now();
-  if (slot.inflight == 0) slot.last_progress = c->posted;
+  if (slot.inflight == 0) {
+    slot.last_progress = c->posted;
+    slot.busy_mark = c->posted;
+    slot.busy_bytes = 0;
+  }
   slot.inflight++;
   op->outstanding_++;
   transport::WriteRequest req;
@@ -397,10 +395,18 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       p.last_heard = now;
       slot.bytes_sent += c->length;
       slot.chunks_sent++;
-      slot.tick_bytes += c->length;
       if (current) {
         slot.last_progress = now;
         slot.doubted = false;
+        // Throughput while busy: bytes completed over at least kRateSample
+        // of time with chunks in flight (a path's idle gaps never count).
+        slot.busy_bytes += c->length;
+        const double busy = seconds(now - slot.busy_mark);
+        if (busy >= kRateSample) {
+          slot.throughput = ewma(slot.throughput, slot.busy_bytes / busy);
+          slot.busy_mark = now;
+          slot.busy_bytes = 0;
+        }
       }
       slot.confirmUpTo(c->posted);
       slot.completion = ewma(slot.completion, seconds(now - c->posted));
@@ -866,7 +872,6 @@ void Engine::doubt(Peer& p, int path) {
 void Engine::monitorLoop() {
   setLogRank(rank_);
   const auto tick = std::chrono::duration<double>(std::min(config_.probe_interval, config_.path_timeout / 4));
-  auto last_tick = Clock::now();
   auto last_probe = Clock::now();
   while (!stopping_) {
     std::vector<std::pair<int, int>> notices;
@@ -884,14 +889,12 @@ void Engine::monitorLoop() {
       }
     }
     auto now = Clock::now();
-    double dt = seconds(now - last_tick);
-    last_tick = now;
     bool probe = seconds(now - last_probe) >= config_.probe_interval;
     if (probe) last_probe = now;
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       try {
-        monitorPeer(peer, now, dt, probe);
+        monitorPeer(peer, now, probe);
       } catch (const std::exception& e) {
         // The monitor must outlive any surprise: log it and go on.
         MAESTRO_WARN("path monitor, rank ", peer, ": ", e.what());
@@ -900,7 +903,7 @@ void Engine::monitorLoop() {
   }
 }
 
-void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe) {
+void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
   Peer& p = *peers_[peer];
   std::vector<std::pair<int, std::string>> to_close;  // transport ids
   std::vector<int> to_ping, to_reconnect;
@@ -908,10 +911,6 @@ void Engine::monitorPeer(int peer, Clock::time_point now, double dt, bool probe)
     std::lock_guard<std::mutex> lock(p.mu);
     for (size_t i = 0; i < p.paths.size(); ++i) {
       PathSlot& s = p.paths[i];
-      // Throughput while busy: bytes completed over the tick.
-      if (s.tick_busy && dt > 0) s.throughput = ewma(s.throughput, s.tick_bytes / dt, 0.3);
-      s.tick_bytes = 0;
-      s.tick_busy = s.inflight > 0;
       if (!s.up) {
         // Re-probe a dead path in the background (its opener reconnects);
         // it is used again as soon as it answers.

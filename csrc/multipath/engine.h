@@ -185,7 +185,7 @@ class Engine : public transport::CompletionSink {
   void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
   void monitorLoop();
-  void monitorPeer(int peer, Clock::time_point now, double dt, bool probe);
+  void monitorPeer(int peer, Clock::time_point now, bool probe);
   void reconnectLoop();
   void reconnectPath(int peer, int transport_path, Clock::time_point until);
   struct SentControl;

@@ -3,9 +3,9 @@
 // A scheduler sees only PathViews (state + what the path monitor measured),
 // so every policy is unit-tested against reference schedules without a
 // network. assign() returns a path index, or kAnyPath: the chunk then waits
-// in a shared queue and the first path with window room takes it -- chunk-
-// level ACK clocking in the spirit of MP-RDMA, where faster, less congested
-// paths complete sooner and therefore carry more.
+// in a shared queue and pull() decides which path with window room takes it
+// -- chunk-level ACK clocking in the spirit of MP-RDMA, where faster, less
+// congested paths complete sooner and therefore carry more.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,9 @@ struct PathView {
   int inflight = 0;         // chunks outstanding on the path
   int window = 8;           // chunks the path may hold
   double weight = 1.0;      // configured relative weight (policy=weighted)
-  double throughput = 0.0;  // measured bytes/s, 0 = not measured yet
+  double throughput = 0.0;  // measured bytes/s while busy, 0 = not measured yet
   double rtt = 0.0;         // measured seconds, 0 = not measured yet
+  double stalled = 0.0;     // seconds since the last completion while chunks are in flight (0 when idle)
 };
 
 class Scheduler {
@@ -36,8 +37,16 @@ class Scheduler {
   // The path for the next chunk of a message of message_bytes: an index,
   // kAnyPath, or kNoPath when no path is up.
   virtual int assign(const std::vector<PathView>& paths, uint64_t message_bytes) = 0;
-  // Whether an idle path may take kAnyPath chunks (pull model).
+  // Whether kAnyPath chunks are pulled from the shared queue (pull model).
   virtual bool pulls() const { return false; }
+  // Pull model: the path that takes the next of `queued` shared chunks
+  // (this one is chunk_bytes long) now, or kNoPath to leave it queued.
+  // `offer` is a path that just freed window room (a completion: it pulls
+  // first), or kAnyPath to choose among every path with room.
+  virtual int pull(const std::vector<PathView>& paths, int offer, size_t queued, uint64_t chunk_bytes) {
+    (void)paths, (void)offer, (void)queued, (void)chunk_bytes;
+    return kNoPath;
+  }
 };
 
 // One scheduler per peer (schedulers keep per-peer state such as a cursor).
