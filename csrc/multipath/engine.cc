@@ -252,6 +252,7 @@ void Engine::checkPeer(int peer) {
 
 std::vector<PathView> Engine::views(const Peer& peer) const {
   std::vector<PathView> v(peer.paths.size());
+  const auto now = Clock::now();
   for (size_t i = 0; i < peer.paths.size(); ++i) {
     const PathSlot& s = peer.paths[i];
     v[i].up = peer.usable(i);
@@ -260,7 +261,7 @@ std::vector<PathView> Engine::views(const Peer& peer) const {
     v[i].weight = i < config_.weights.size() ? config_.weights[i] : 1.0;
     v[i].throughput = s.throughput;
     v[i].rtt = s.rtt;
-    v[i].stalled = s.inflight > 0 ? seconds(Clock::now() - s.last_progress) : 0.0;
+    v[i].stalled = s.inflight > 0 ? seconds(now - s.last_progress) : 0.0;
   }
   return v;
 }

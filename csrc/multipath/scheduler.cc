@@ -103,9 +103,8 @@ class Weighted : public Scheduler {
 // that pulls one of the last chunks finishes it long after the fast paths
 // have gone idle, and the whole message waits (320 chunks over paths of
 // rates 4:3:2:1 took 36 time units instead of 32: test_scheduler.cc). So a
-// path takes a chunk only if the other paths could not finish
-// every queued chunk before it would finish this one -- the "earliest
-// completion first" rule of multipath TCP schedulers (ECF, BLEST), with
+// path takes a chunk only if the other paths could not finish every queued
+// chunk before it would finish this one -- the "earliest completion first" rule of multipath TCP schedulers (ECF, BLEST), with
 // each path's finish time estimated from its chunks in flight and its
 // measured rate.
 class Adaptive : public Scheduler {
@@ -142,17 +141,19 @@ class Adaptive : public Scheduler {
       }
     }
     if (best < 0) return kNoPath;
-    if (paths[best].throughput > 0 && othersFinishFirst(paths, best, queued, chunk_bytes)) return kNoPath;
+    if (paths[best].throughput > 0 && othersFinishFirst(paths, best, finish(best), queued, chunk_bytes))
+      return kNoPath;
     cursor_ = (best + 1) % n;
     return best;
   }
 
  private:
   // Whether the other paths, each pulling as its in-flight chunks complete,
-  // would finish all `queued` chunks strictly before path p finishes one more.
-  static bool othersFinishFirst(const std::vector<PathView>& paths, int p, size_t queued, uint64_t chunk_bytes) {
+  // would finish all `queued` chunks strictly before t, when path p would
+  // finish one more.
+  static bool othersFinishFirst(const std::vector<PathView>& paths, int p, double t, size_t queued,
+                                uint64_t chunk_bytes) {
     const double len = static_cast<double>(chunk_bytes ? chunk_bytes : 1);
-    const double t = (paths[p].inflight + 1) * len / paths[p].throughput;
     double could = 0;
     for (size_t q = 0; q < paths.size(); ++q) {
       const PathView& v = paths[q];
