@@ -105,7 +105,12 @@ def path_stats(group=None) -> list[dict]:
     `group`, `global_peer` the rank in the world. `nic_counters` holds the
     NIC's congestion and loss counters on verbs (DCQCN's CNP/ECN counters
     where the device has them, retransmissions and sequence errors):
-    device-wide values, empty on TCP or where the device exposes none."""
+    device-wide values, empty on TCP or where the device exposes none.
+    `congestion` is the TCP congestion control the path's connection runs
+    (MAESTRO_TCP_CONGESTION, else the kernel's default; "" on verbs), and
+    `path_counters` that connection's own counters since it opened: on TCP,
+    TCP_INFO's tcp_bytes_sent, tcp_bytes_retrans and tcp_total_retrans
+    (segments) -- the loss the kernel recovered from; empty on verbs."""
     stats = backend_of(group).path_stats()
     for s in stats:
         s["global_peer"] = s["peer"] if group is None else dist.get_global_rank(group, s["peer"])

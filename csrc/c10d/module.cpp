@@ -38,6 +38,10 @@ py::list pathStatsToPython(const std::vector<multipath::PathStats>& stats) {
     py::dict nic;
     for (const auto& kv : s.nic_counters) nic[py::str(kv.first)] = kv.second;
     d["nic_counters"] = nic;
+    d["congestion"] = s.congestion;
+    py::dict own;
+    for (const auto& kv : s.path_counters) own[py::str(kv.first)] = kv.second;
+    d["path_counters"] = own;
     out.append(d);
   }
   return out;

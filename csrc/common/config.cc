@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/net.h"
 
 namespace maestro {
 namespace {
@@ -214,6 +215,15 @@ std::vector<Knob> buildKnobs() {
        true, [](const Config& c) { return std::to_string(c.candidates); },
        [](Config& c, const std::string& v) {
          c.candidates = static_cast<int>(parseInt("MAESTRO_CANDIDATES", v, 1, 64));
+       }},
+      {"tcp_congestion", "MAESTRO_TCP_CONGESTION", "",
+       "tcp: congestion control of every path's socket, e.g. cubic or dctcp (empty: the kernel's default; "
+       "see docs/performance.md on BBR and shallow switch buffers)",
+       false, [](const Config& c) { return c.tcp_congestion; },
+       [](Config& c, const std::string& v) {
+         const std::string name = trim(v);
+         if (!name.empty()) net::checkCongestion(name, "MAESTRO_TCP_CONGESTION");
+         c.tcp_congestion = name;
        }},
       {"probe_interval", "MAESTRO_PROBE_INTERVAL", "0.5",
        "seconds between RTT probes of idle paths and reconnect attempts of down paths", false,

@@ -43,6 +43,7 @@ struct Config {
   std::string discovery = "off";        // off | ttl: find disjoint routes among candidate connections
   int probe_ttl = 2;                    // hops from a host to the core (spine) layer
   int candidates = 8;                   // discovery: most candidate connections per wanted path
+  std::string tcp_congestion;           // tcp: congestion control of every path ("" = the kernel's default)
 
   // name -> (value text, source: "default" | "env" | "options")
   std::map<std::string, std::pair<std::string, std::string>> provenance;

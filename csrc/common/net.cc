@@ -116,6 +116,44 @@ void setNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+namespace {
+std::string procLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line.empty() ? "?" : line;
+}
+}  // namespace
+
+void setCongestion(int fd, const std::string& name, const char* knob) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size())) == 0) return;
+  const int err = errno;
+  fail(knob, "=", name, ": the kernel refuses this TCP congestion control (", errnoText(err),
+       "); it has: ", procLine("/proc/sys/net/ipv4/tcp_available_congestion_control"),
+       "; allowed without CAP_NET_ADMIN: ", procLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control"),
+       " (an algorithm built as a module that is not loaded needs root: modprobe tcp_", name, ")");
+}
+
+void checkCongestion(const std::string& name, const char* knob) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) fail(knob, ": cannot open a socket to check it: ", errnoText(errno));
+  try {
+    setCongestion(fd, name, knob);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
+
+std::string congestionOf(int fd) {
+  char name[32] = {};
+  socklen_t len = sizeof name - 1;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return {};
+  return std::string(name);
+}
+
 int listenOn(const std::string& ip, uint16_t port, int backlog) {
   SockAddr addr = parseAddress(ip, port);
   // Reusable: route discovery probes the reverse direction of a path with a

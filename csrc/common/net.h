@@ -57,6 +57,16 @@ void writeFull(int fd, const void* buf, size_t length);
 bool waitReadable(int fd, Deadline deadline);
 
 void setNoDelay(int fd);
+// Set the socket's TCP congestion control (TCP_CONGESTION). Throws
+// maestro::Error naming `knob`, the kernel's reason, and the algorithms the
+// kernel has and allows without CAP_NET_ADMIN.
+void setCongestion(int fd, const std::string& name, const char* knob);
+// Whether this process may use `name` for its TCP sockets: tries it on a
+// fresh socket (same network namespace and privileges as the paths), throws
+// like setCongestion().
+void checkCongestion(const std::string& name, const char* knob);
+// The congestion control a TCP socket runs ("" if it cannot be read).
+std::string congestionOf(int fd);
 void setCloseOnExec(int fd);
 
 // IPv4/IPv6 addresses of an interface, primary first. Throws if the interface

@@ -1023,12 +1023,22 @@ std::vector<PathStats> Engine::pathStats() const {
   std::map<std::string, std::map<std::string, uint64_t>> by_port;
   for (size_t i = 0; i < out.size(); ++i) {
     const std::string port = mesh_.transport->nicPort(out[i].peer, ids[i]);
+    transport::PathCounters pc = mesh_.transport->pathCounters(out[i].peer, ids[i]);
+    out[i].congestion = std::move(pc.congestion);
+    out[i].path_counters = std::move(pc.counters);
     if (port.empty()) continue;
     auto it = by_port.find(port);
     if (it == by_port.end()) it = by_port.emplace(port, transport::readNicCounters(port)).first;
     out[i].nic_counters = it->second;
   }
   return out;
+}
+
+double PathStats::retransmitted() const {
+  auto sent = path_counters.find("tcp_bytes_sent");
+  auto again = path_counters.find("tcp_bytes_retrans");
+  if (sent == path_counters.end() || again == path_counters.end() || sent->second == 0) return -1;
+  return static_cast<double>(again->second) / static_cast<double>(sent->second);
 }
 
 std::vector<double> Engine::chunkTimes(bool clear) {
@@ -1045,14 +1055,21 @@ std::string Engine::pathTable() const {
   std::ostringstream os;
   os << "  peer path state   " << std::left << std::setw(44) << "local <-> remote" << std::right << std::setw(12)
      << "sent MB" << std::setw(12) << "recv MB" << std::setw(9) << "chunks" << std::setw(7) << "errors"
-     << std::setw(7) << "resent" << std::setw(10) << "MB/s" << std::setw(10) << "rtt ms" << "\n";
+     << std::setw(7) << "resent" << std::setw(10) << "MB/s" << std::setw(10) << "rtt ms" << std::setw(8) << "retx %"
+     << "  cc\n";
   const std::vector<PathStats> stats = pathStats();
   for (const auto& s : stats) {
     os << "  " << std::setw(4) << s.peer << std::setw(5) << s.path << " " << std::left << std::setw(8) << s.state
        << std::setw(44) << s.description << std::right << std::fixed << std::setprecision(2) << std::setw(12)
        << s.bytes_sent / 1e6 << std::setw(12) << s.bytes_received / 1e6 << std::setw(9) << s.chunks_sent
        << std::setw(7) << s.errors << std::setw(7) << s.resent << std::setw(10) << s.throughput / 1e6
-       << std::setw(10) << s.rtt * 1e3 << "\n";
+       << std::setw(10) << s.rtt * 1e3;
+    // Retransmitted share of the bytes the connection sent (TCP loss the
+    // kernel recovered from; "-" where the transport keeps no such count).
+    const double retx = s.retransmitted();
+    if (retx < 0) os << std::setw(8) << "-";
+    else os << std::setw(8) << retx * 100;
+    os << "  " << (s.congestion.empty() ? "-" : s.congestion) << "\n";
   }
   // Device-wide, so once: the NIC of the first path that has any.
   for (const auto& s : stats) {

@@ -76,6 +76,12 @@ struct PathStats {
   // The NIC's congestion and loss counters (verbs: CNPs, ECN marks,
   // retransmissions), device-wide; empty where the device exposes none.
   std::map<std::string, uint64_t> nic_counters;
+  // The path's own connection (TCP: TCP_INFO's bytes sent and retransmitted,
+  // since the current connection opened) and its congestion control.
+  std::string congestion;
+  std::map<std::string, uint64_t> path_counters;
+  // Share of the bytes sent that the transport retransmitted; -1 if unknown.
+  double retransmitted() const;
 };
 
 class SendOp;

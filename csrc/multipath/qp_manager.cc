@@ -145,6 +145,7 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     options.world_size = size_;
     options.max_inflight_per_path = config.window;
     options.busy_poll = config.busy_poll;
+    options.tcp_congestion = config.tcp_congestion;
     std::string secret_hex;
     if (rank_ == 0) {
       for (size_t i = 0; i < options.secret.size(); i += 8) {

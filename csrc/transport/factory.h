@@ -18,6 +18,7 @@ struct TransportOptions {
   CompletionSink* sink = nullptr;                     // receives every completion
   int max_inflight_per_path = 8;   // writes outstanding per path (verbs: send queue depth)
   bool busy_poll = false;          // verbs: busy-poll the CQ instead of a completion channel
+  std::string tcp_congestion;      // tcp: congestion control of every path ("" = the kernel's default)
 };
 
 // kind: "tcp" or "verbs".

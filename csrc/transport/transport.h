@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -122,6 +123,11 @@ struct RouteProbe {
 // Largest control message postSend() accepts.
 constexpr size_t kMaxControlBytes = 4096;
 
+struct PathCounters {
+  std::string congestion;                    // congestion control ("" if none or unknown)
+  std::map<std::string, uint64_t> counters;  // name -> count since the connection opened
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -157,6 +163,10 @@ class Transport {
   // and loss counters readNicCounters() reads (nic_counters.h; device-wide:
   // every path on the port shares them). Empty where the transport has none.
   virtual std::string nicPort(int peer, int path) const { return {}; }
+  // The path's own congestion and loss counters, of its current connection
+  // (TCP: the kernel's TCP_INFO -- bytes sent and retransmitted -- and the
+  // congestion control it runs). Empty where the transport keeps none.
+  virtual PathCounters pathCounters(int peer, int path) const { return {}; }
   // Re-open a failed path this side initiated, from the same local address
   // and, where possible, the same source port (the same 5-tuple, so ECMP
   // puts it on the same route). False if the peer was not reached in time.

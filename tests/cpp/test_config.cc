@@ -61,6 +61,15 @@ TEST(Config, BadValuesNameTheKnob) {
   EXPECT_NE(std::string::npos, errorOf({}).find("MAESTRO_SCRATCH_SLOTS=1 is out of range"));
 }
 
+TEST(Config, TcpCongestionIsCheckedAgainstTheKernel) {
+  EXPECT_EQ("", Config::resolve().tcp_congestion);  // the kernel's default
+  EXPECT_EQ("reno", Config::resolve({{"tcp_congestion", " reno "}}).tcp_congestion);  // built into every kernel
+  const std::string e = errorOf({{"tcp_congestion", "no_such_cc"}});
+  EXPECT_NE(std::string::npos, e.find("MAESTRO_TCP_CONGESTION=no_such_cc: the kernel refuses")) << e;
+  EXPECT_NE(std::string::npos, e.find("it has: ")) << e;
+  EXPECT_NE(std::string::npos, e.find("reno")) << e;  // the list names what it has
+}
+
 TEST(Config, FingerprintCoversGroupWideKnobsOnly) {
   Config a = Config::resolve({{"chunk_size", "51200"}, {"window", "4"}});
   Config b = Config::resolve({{"chunk_size", "50K"}, {"window", "16"}});

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "common/net.h"
 #include "transport/tcp/frame.h"
 #include "transport_contract.h"
@@ -32,12 +34,14 @@ class RawPeer : public ::testing::Test {
     for (size_t i = 0; i < o.secret.size(); ++i) o.secret[i] = static_cast<uint8_t>(i + 3);
     secret_ = o.secret;
     o.sink = &sink_;
+    configure(o);
     t_ = transport::makeTransport("tcp", o);
     endpoint_ = t_->listen("127.0.0.1");
     memory_.assign(4096 + 2 * kGuard, 0x5C);
     region_ = t_->registerMemory(memory_.data() + kGuard, 4096);
     key_ = t_->expose(region_);
   }
+  virtual void configure(transport::TransportOptions&) {}
   void TearDown() override {
     if (fd_ >= 0) ::close(fd_);
     t_->conceal(region_);
@@ -149,6 +153,39 @@ TEST_F(RawPeer, GoodWriteLands) {
   ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
   EXPECT_EQ(1u, ack.offset);
+}
+
+// The path's own counters: its congestion control and TCP_INFO's bytes.
+class RawPeerReno : public RawPeer {
+  void configure(transport::TransportOptions& o) override { o.tcp_congestion = "reno"; }
+};
+
+std::string kernelDefaultCongestion() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string name;
+  in >> name;
+  return name;
+}
+
+TEST_F(RawPeer, PathReportsTheKernelsCongestionControlByDefault) {
+  EXPECT_TRUE(t_->pathCounters(0, 0).congestion.empty());  // no such path yet
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
+  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  EXPECT_EQ(kernelDefaultCongestion(), t_->pathCounters(0, 0).congestion);
+}
+
+TEST_F(RawPeerReno, PathRunsTheConfiguredCongestionControlAndCountsItsBytes) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
+  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  FrameHeader ack;
+  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));  // the transport has sent (at least) this ACK
+  const transport::PathCounters c = t_->pathCounters(0, 0);
+  EXPECT_EQ("reno", c.congestion);
+  ASSERT_EQ(1u, c.counters.count("tcp_bytes_sent"));
+  EXPECT_GE(c.counters.at("tcp_bytes_sent"), sizeof ack);
+  EXPECT_EQ(0u, c.counters.at("tcp_bytes_retrans"));  // loopback loses nothing
 }
 
 struct BadFrame {

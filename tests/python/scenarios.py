@@ -125,7 +125,8 @@ def device_string(rank, world):
 def path_share(rank, world):
     import maestro_torch
 
-    _init(pg_options=maestro_torch.Options(paths=4, policy="round_robin"))
+    # reno: built into every kernel, and not this machine's default (bbr).
+    _init(pg_options=maestro_torch.Options(paths=4, policy="round_robin", tcp_congestion="reno"))
     t = torch.ones(16 * 1024 * 1024)  # 64 MiB of float32
     dist.all_reduce(t)
     ok = bool(torch.all(t == world))

@@ -136,6 +136,9 @@ def test_each_path_carries_a_fair_share_of_a_large_allreduce():
         assert total >= 64 * 2**20, f"rank {rank} sent {total} bytes for a 64 MiB allreduce"
         for p, b in enumerate(sent):
             assert abs(b - total / 4) <= 0.05 * total / 4, f"rank {rank} path {p}: {b} of {total} bytes"
+        for s in v["stats"]:  # the path's own TCP counters, and the congestion control asked for
+            assert s["congestion"] == "reno", s
+            assert s["path_counters"]["tcp_bytes_sent"] >= s["bytes_sent"], s
 
 
 def test_info_logging_prints_knobs_and_path_table():

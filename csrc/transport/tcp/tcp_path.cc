@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_path.h"
 
+#include <linux/tcp.h>  // struct tcp_info with the byte counters (glibc's copy predates them)
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "common/error.h"
@@ -64,6 +66,21 @@ TcpPath::~TcpPath() {
     setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l);
   }
   ::close(fd_);
+}
+
+PathCounters TcpPath::counters() const {
+  PathCounters out;
+  out.congestion = net::congestionOf(fd_);
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return out;
+  // Fields a kernel older than these headers lacks come back short: skip them.
+  if (len >= offsetof(tcp_info, tcpi_bytes_retrans) + sizeof info.tcpi_bytes_retrans) {
+    out.counters["tcp_bytes_sent"] = info.tcpi_bytes_sent;  // retransmissions included
+    out.counters["tcp_bytes_retrans"] = info.tcpi_bytes_retrans;
+  }
+  out.counters["tcp_total_retrans"] = info.tcpi_total_retrans;  // segments
+  return out;
 }
 
 void TcpPath::stop() {

@@ -47,6 +47,8 @@ class TcpPath {
   // is left for its sender thread to deliver.
   bool settled() const;
   const std::string& description() const { return description_; }
+  // TCP_INFO's byte counts of this connection and its congestion control.
+  PathCounters counters() const;
 
 
  private:

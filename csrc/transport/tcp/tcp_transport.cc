@@ -126,6 +126,13 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
   // The connection being replaced fails first: its outstanding writes come
   // back flushed and move to live paths -- nothing waits on a dead socket.
   if (old) old->close("replaced by a new connection for the same path");
+  if (!options_.tcp_congestion.empty()) {
+    try {
+      net::setCongestion(fd, options_.tcp_congestion, "MAESTRO_TCP_CONGESTION");
+    } catch (const Error& e) {  // checked when the knob was read: not expected here
+      MAESTRO_WARN("path ", path, " to rank ", peer, " keeps the kernel's default: ", e.what());
+    }
+  }
   auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_);
   std::vector<std::shared_ptr<TcpPath>> done;  // destroyed outside the lock (joins threads)
   {
@@ -314,6 +321,17 @@ std::string TcpTransport::describePath(int peer, int path) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = paths_.find({peer, path});
   return it == paths_.end() ? std::string("(not connected)") : it->second->description();
+}
+
+PathCounters TcpTransport::pathCounters(int peer, int path) const {
+  std::shared_ptr<TcpPath> p;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = paths_.find({peer, path});
+    if (it == paths_.end()) return {};
+    p = it->second;
+  }
+  return p->counters();  // a getsockopt: outside the lock
 }
 
 void TcpTransport::postWrite(int peer, int path, const WriteRequest& req) { pathFor(peer, path)->postWrite(req); }

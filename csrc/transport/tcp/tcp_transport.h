@@ -37,6 +37,7 @@ class TcpTransport : public Transport {
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
   void awaitAccepted(size_t count, Deadline deadline) override;
   std::string describePath(int peer, int path) const override;
+  PathCounters pathCounters(int peer, int path) const override;
   bool reconnect(int peer, int path, Deadline deadline) override;
   uint16_t reservePort(const std::string& local_addr) override;
   void releasePort(const std::string& local_addr, uint16_t port) override;
