@@ -51,10 +51,15 @@ def new_group(**kw):
 
 def make_group(variant: str, extra: dict | None = None):
     """A process group for `variant`: "gloo", or a maestro policy name (with
-    the given extra Options)."""
+    the given extra Options), optionally "+<tcp congestion control>", e.g.
+    "adaptive+cubic" (MAESTRO_TCP_CONGESTION for that group only)."""
     if variant == "gloo":
         return new_group(backend="gloo")
-    return new_group(backend="maestro", pg_options=maestro_torch.Options(policy=variant, **(extra or {})))
+    policy, _, congestion = variant.partition("+")
+    opts = dict(extra or {}, policy=policy)
+    if congestion:
+        opts["tcp_congestion"] = congestion
+    return new_group(backend="maestro", pg_options=maestro_torch.Options(**opts))
 
 
 def maestro_extra(args) -> dict:

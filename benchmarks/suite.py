@@ -113,7 +113,10 @@ def exp_chunk_size(ctx):
 
 def exp_collectives(ctx):
     sizes = "64K,4M" if ctx.quick else "4K,16K,64K,256K,1M,4M,16M,64M,256M"
-    variants = "gloo,adaptive,single" if ctx.quick else "gloo,adaptive,round_robin,weighted,latency,single"
+    # adaptive+cubic: the default policy with MAESTRO_TCP_CONGESTION=cubic, beside
+    # the kernel's default congestion control (bbr on the machine of record:
+    # see docs/performance.md, "TCP congestion control").
+    variants = "gloo,adaptive,single" if ctx.quick else "gloo,adaptive,adaptive+cubic,round_robin,weighted,latency,single"
     runs = {}
     for mode in ("pinned", "ecmp"):
         with ctx.lab("col" + mode[0], mode=mode) as lab:
