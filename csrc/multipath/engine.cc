@@ -934,6 +934,12 @@ void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
         to_ping.push_back(s.id);
       }
     }
+    // Shared chunks wait only for completions and path events, which a
+    // stalled path no longer brings: a chunk the tail rule left queued for a
+    // path that has since stalled would wait for that path's timeout. Offer
+    // it again every tick; the scheduler stops counting on a stalled path
+    // after max(50 ms, 4 x its drain time).
+    if (!p.shared.empty() && !p.unreachable) pumpAll(p);
   }
   for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
   for (int id : to_ping) sendPing(peer, id);
