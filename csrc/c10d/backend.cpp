@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/thread.h"
 
 namespace maestro {
 namespace c10d_glue {
@@ -202,6 +203,7 @@ void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
 
 void ProcessGroupMaestro::workerLoop() {
   setLogRank(getRank());
+  nameThisThread("maestro-work");
   for (;;) {
     Pending p;
     {

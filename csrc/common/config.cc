@@ -120,10 +120,15 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          c.paths = static_cast<int>(parseInt("MAESTRO_PATHS", v, 0, 64));
        }},
-      {"chunk_size", "MAESTRO_CHUNK_SIZE", "51200",
-       "bytes per chunk, the unit spread over paths (K/M suffixes; multiple of 64)", true,
-       [](const Config& c) { return std::to_string(c.chunk_size); },
+      {"chunk_size", "MAESTRO_CHUNK_SIZE", "auto",
+       "bytes per chunk, the unit spread over paths (K/M suffixes; multiple of 64); auto: 50K on verbs, "
+       "256K on tcp",
+       true, [](const Config& c) { return c.chunk_size == 0 ? std::string("auto") : std::to_string(c.chunk_size); },
        [](Config& c, const std::string& v) {
+         if (trim(v) == "auto") {
+           c.chunk_size = 0;
+           return;
+         }
          size_t s = parseSize("MAESTRO_CHUNK_SIZE", v);
          MAESTRO_CHECK(s >= 4096 && s <= (64u << 20) && s % 64 == 0, "MAESTRO_CHUNK_SIZE=", s,
                        " must be a multiple of 64 between 4096 and 64M");
@@ -186,7 +191,8 @@ std::vector<Knob> buildKnobs() {
        [](const Config& c) { return std::to_string(c.small_msg); },
        [](Config& c, const std::string& v) { c.small_msg = parseSize("MAESTRO_SMALL_MSG", v); }},
       {"busy_poll", "MAESTRO_BUSY_POLL", "0",
-       "verbs: busy-poll the completion queue (lower latency, one core) instead of sleeping", false,
+       "spin instead of sleeping while waiting for completions (verbs: the completion queue; tcp: the "
+       "process's event loop, while any of its groups asks): lower latency, one core kept busy", false,
        [](const Config& c) { return std::string(c.busy_poll ? "1" : "0"); },
        [](Config& c, const std::string& v) { c.busy_poll = parseBool("MAESTRO_BUSY_POLL", v); }},
       {"path_timeout", "MAESTRO_PATH_TIMEOUT", "2",
@@ -216,13 +222,15 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          c.candidates = static_cast<int>(parseInt("MAESTRO_CANDIDATES", v, 1, 64));
        }},
-      {"tcp_congestion", "MAESTRO_TCP_CONGESTION", "",
-       "tcp: congestion control of every path's socket, e.g. cubic or dctcp (empty: the kernel's default; "
-       "see docs/performance.md on BBR and shallow switch buffers)",
+      {"tcp_congestion", "MAESTRO_TCP_CONGESTION", "auto",
+       "tcp: congestion control of every path's socket: auto (the kernel's default, unless that is bbr, "
+       "which loses heavily on shallow switch buffers: then cubic, or reno where cubic is not allowed), "
+       "kernel (the kernel's default), or a name such as cubic or dctcp (see docs/performance.md)",
        false, [](const Config& c) { return c.tcp_congestion; },
        [](Config& c, const std::string& v) {
          const std::string name = trim(v);
-         if (!name.empty()) net::checkCongestion(name, "MAESTRO_TCP_CONGESTION");
+         MAESTRO_CHECK(!name.empty(), "MAESTRO_TCP_CONGESTION is empty: give auto, kernel or a congestion control");
+         if (name != "auto" && name != "kernel") net::checkCongestion(name, "MAESTRO_TCP_CONGESTION");
          c.tcp_congestion = name;
        }},
       {"probe_interval", "MAESTRO_PROBE_INTERVAL", "0.5",
@@ -235,6 +243,8 @@ std::vector<Knob> buildKnobs() {
 }
 
 }  // namespace
+
+size_t chunkSizeFor(const std::string& transport) { return transport == "verbs" ? 50 * 1024 : 256 * 1024; }
 
 const char* policyName(Policy policy) {
   switch (policy) {

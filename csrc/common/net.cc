@@ -9,6 +9,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <fstream>
 
 #include "common/error.h"
+#include "common/log.h"
 
 namespace maestro {
 namespace net {
@@ -145,6 +148,33 @@ void checkCongestion(const std::string& name, const char* knob) {
     throw;
   }
   ::close(fd);
+}
+
+std::string chooseCongestion(const std::string& setting, std::string* why) {
+  std::string kernel;
+  std::ifstream("/proc/sys/net/ipv4/tcp_congestion_control") >> kernel;
+  const std::string kernel_text = kernel.empty() ? std::string("the kernel's default") : "the kernel's default (" + kernel + ")";
+  if (setting == "kernel") {
+    *why = kernel_text + ", as set";
+    return {};
+  }
+  if (setting != "auto") {
+    *why = setting + ", as set";
+    return setting;
+  }
+  if (kernel != "bbr") {
+    *why = "auto: " + kernel_text;
+    return {};
+  }
+  std::string choice = "cubic";
+  try {
+    checkCongestion(choice, "MAESTRO_TCP_CONGESTION");
+  } catch (const Error&) {
+    choice = "reno";  // every process may use it
+  }
+  *why = strcat("auto: ", choice, " instead of ", kernel_text,
+                ", which loses heavily on shallow switch buffers (MAESTRO_TCP_CONGESTION=kernel keeps it)");
+  return choice;
 }
 
 std::string congestionOf(int fd) {
@@ -379,6 +409,30 @@ std::string hostIdentity() {
   struct stat st {};
   std::string netns = stat("/proc/self/ns/net", &st) == 0 ? std::to_string(st.st_ino) : "?";
   return strcat(host, "/", boot, "/netns:", netns);
+}
+
+void reserveDescriptors(size_t more, const std::string& what) {
+  size_t open = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(dir)) open += e->d_name[0] != '.';
+    ::closedir(dir);
+  }
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t needed = static_cast<rlim_t>(open + more);
+  if (limit.rlim_cur == RLIM_INFINITY || needed <= limit.rlim_cur) return;
+  if (limit.rlim_max == RLIM_INFINITY || needed <= limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? needed : limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      MAESTRO_INFO("raised the soft descriptor limit (RLIMIT_NOFILE) from ", limit.rlim_cur, " to ",
+                   raised.rlim_cur, " for ", what);
+      return;
+    }
+  }
+  fail(what, " needs ", more, " more file descriptors, but ", open, " are open and the limit (RLIMIT_NOFILE) is ",
+       limit.rlim_cur, " (hard limit ", limit.rlim_max, "): raise it to at least ", needed,
+       " (ulimit -n, LimitNOFILE= in a systemd unit, --ulimit nofile= for a container)");
 }
 
 }  // namespace net

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/transport.h"  // Deadline
+#include "common/clock.h"
 
 namespace maestro {
 namespace net {
@@ -65,9 +65,21 @@ void setCongestion(int fd, const std::string& name, const char* knob);
 // fresh socket (same network namespace and privileges as the paths), throws
 // like setCongestion().
 void checkCongestion(const std::string& name, const char* knob);
+// What MAESTRO_TCP_CONGESTION's setting means for this process's paths:
+// "kernel" -> "" (the kernel's default); a name -> that name; "auto" -> the
+// kernel's default unless it is one known to collapse on shallow-buffered
+// fabrics (bbr: BBR v1 does not back off on loss, and retransmits several
+// per cent of what it sends through shallow switch queues), in which case
+// cubic if this process may use it, else reno (allowed to every process).
+// `why` says what was chosen and why.
+std::string chooseCongestion(const std::string& setting, std::string* why);
 // The congestion control a TCP socket runs ("" if it cannot be read).
 std::string congestionOf(int fd);
 void setCloseOnExec(int fd);
+// Make room for `more` descriptors beyond those open now: raises the soft
+// RLIMIT_NOFILE up to the hard one when needed, and otherwise throws
+// maestro::Error naming `what` needs them and what to raise.
+void reserveDescriptors(size_t more, const std::string& what);
 
 // IPv4/IPv6 addresses of an interface, primary first. Throws if the interface
 // does not exist or has none.

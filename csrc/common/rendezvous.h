@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "transport/transport.h"  // Deadline
+#include "common/clock.h"
 
 namespace maestro {
 

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "multipath/decomposer.h"
 #include "transport/nic_counters.h"
 
@@ -121,6 +122,8 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   QpManager qp(store, rank, size, setup_deadline);
   config_ = qp.agreeOnConfig(overrides);
   mesh_ = qp.plan(config_, rendezvous_host);
+  // Every rank agreed on the knobs and the transport, so on this too.
+  if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
   // Size every peer's path table before the first path opens: completions
   // may arrive as soon as it does.
   auto now = Clock::now();
@@ -194,7 +197,9 @@ std::string Engine::describeSetup() const {
   os << "group of " << size_ << " ranks, transport " << mesh_.transport_kind << " (" << mesh_.transport_why
      << "), " << mesh_.paths << " paths per peer, vNICs ";
   for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
-  os << " from " << mesh_.vnics.source << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
+  os << " from " << mesh_.vnics.source << ", chunks of " << config_.chunk_size << " bytes";
+  if (mesh_.transport_kind == "tcp") os << ", congestion control " << mesh_.congestion_why;
+  os << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
   return os.str();
 }
 
@@ -381,6 +386,10 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
   auto* c = reinterpret_cast<ChunkDesc*>(wr_id);
   SendOp* op = c->op;
   Peer& p = *peers_[peer];
+  // The collective thread waits for operations, not chunks: wake it only
+  // when this completion ends one (a context switch per chunk costs more
+  // than the chunk on a small host).
+  bool wake = !ok;
   {
     std::lock_guard<std::mutex> lock(p.mu);
     const int path = c->path;  // the slot it was posted on (transport_path is its id)
@@ -416,7 +425,10 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
         if (chunk_samples_.size() < kChunkSamples) chunk_samples_.push_back(seconds(now - c->posted));
         else chunk_samples_[chunk_sample_next_++ % kChunkSamples] = seconds(now - c->posted);
       }
-      if (--op->remaining_ == 0) op->done_.store(true, std::memory_order_release);
+      if (--op->remaining_ == 0) {
+        op->done_.store(true, std::memory_order_release);
+        wake = true;
+      }
     } else {
       // A flush means the path is dead, even if its error has not reached
       // us (e.g. it died before the engine was told about it).
@@ -430,11 +442,12 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       }
     }
     bool finished = op->done() || (op->failed() && op->outstanding_ == 0);
+    wake = wake || finished;
     if (finished) p.sending.erase(op);  // may free op (and c): not touched below
     if (ok) pump(p, path);  // the completion frees room here: this path pulls first
     pumpAll(p);
   }
-  notify();
+  if (wake) notify();
 }
 
 void Engine::failSends(Peer& peer, const std::string& why) {
@@ -449,6 +462,7 @@ void Engine::failSends(Peer& peer, const std::string& why) {
     // Keep ops with chunks still posted: their flush completions point at them.
     it = op->outstanding_ == 0 ? peer.sending.erase(it) : std::next(it);
   }
+  notify();  // waiters see the failed operations (and checkPeer() the unreachable peer)
 }
 
 void Engine::markUnreachable(Peer& peer, const std::string& why) {
@@ -548,11 +562,17 @@ void Engine::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {
   }
   if (landed == Reassembler::Landed::kNew) {
     if (hook) (*hook)(span.offset, span.length);  // e.g. reduce this chunk while the next arrives
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (op) op->hooks_running_--;
-    if (p.reassembler.processed(tag) && op) op->done_.store(true, std::memory_order_release);
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      if (op) op->hooks_running_--;
+      if (p.reassembler.processed(tag) && op) {
+        op->done_.store(true, std::memory_order_release);
+        done = true;
+      }
+    }
+    if (done) notify();  // only a finished message is worth waking the collective thread for
   }
-  notify();
 }
 
 // ---------------------------------------------------------------- control
@@ -872,6 +892,7 @@ void Engine::doubt(Peer& p, int path) {
 
 void Engine::monitorLoop() {
   setLogRank(rank_);
+  nameThisThread("maestro-monitor");
   const auto tick = std::chrono::duration<double>(std::min(config_.probe_interval, config_.path_timeout / 4));
   auto last_probe = Clock::now();
   while (!stopping_) {
@@ -957,6 +978,7 @@ void Engine::reconnectLoop() {
   // deadline, not six, and each comes back within about one probe interval
   // of its route returning.
   setLogRank(rank_);
+  nameThisThread("maestro-reconn");
   while (!stopping_) {
     std::set<std::pair<int, int>> batch;
     {

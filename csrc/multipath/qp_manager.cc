@@ -3,6 +3,7 @@
 #include "multipath/discovery.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -11,7 +12,8 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/net.h"
-#include "transport/tcp/region_table.h"  // randomU64
+#include "common/thread.h"
+#include "common/random.h"
 
 namespace maestro {
 namespace multipath {
@@ -145,11 +147,11 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     options.world_size = size_;
     options.max_inflight_per_path = config.window;
     options.busy_poll = config.busy_poll;
-    options.tcp_congestion = config.tcp_congestion;
+    options.tcp_congestion = net::chooseCongestion(config.tcp_congestion, &mesh.congestion_why);
     std::string secret_hex;
     if (rank_ == 0) {
       for (size_t i = 0; i < options.secret.size(); i += 8) {
-        uint64_t r = transport::tcp::randomU64();
+        uint64_t r = randomU64();
         std::memcpy(options.secret.data() + i, &r, 8);
       }
       secret_hex = hex(options.secret.data(), options.secret.size());
@@ -188,26 +190,36 @@ void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<s
                                                       std::chrono::duration<double>(config.connect_timeout)));
   std::vector<std::string> outcome(planned.size());
   std::vector<char> ok(planned.size(), 0);
+  // A bounded pool of connecting threads (set-up only): a thread per path
+  // is too many at hundreds of peers. Every attempt ends by `until`, so a
+  // path whose link is down holds one thread for connect_timeout; the pool
+  // is large enough that a few dead links do not starve the rest.
+  constexpr size_t kConnectThreads = 32;
+  std::atomic<size_t> next{0};
+  auto connectOne = [&](size_t i) {
+    const Planned& p = planned[i];
+    transport::PathSpec spec;
+    spec.peer = p.peer;
+    spec.path = p.path;
+    spec.local_addr = mesh.vnics.addresses[p.path % mesh.vnics.addresses.size()];
+    spec.remote_endpoint = endpoints[p.peer][p.path % endpoints[p.peer].size()];
+    spec.local_port = p.local_port;
+    transport::Hello hello;
+    std::memcpy(hello.secret, mesh.options.secret.data(), mesh.options.secret.size());
+    hello.rank = rank_;
+    hello.path = p.path;
+    try {
+      mesh.transport->connect(spec, hello, until);
+      ok[i] = 1;
+    } catch (const Error& e) {
+      outcome[i] = e.what();
+    }
+  };
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < planned.size(); ++i)
-    threads.emplace_back([&, i, until] {
-      const Planned& p = planned[i];
-      transport::PathSpec spec;
-      spec.peer = p.peer;
-      spec.path = p.path;
-      spec.local_addr = mesh.vnics.addresses[p.path % mesh.vnics.addresses.size()];
-      spec.remote_endpoint = endpoints[p.peer][p.path % endpoints[p.peer].size()];
-      spec.local_port = p.local_port;
-      transport::Hello hello;
-      std::memcpy(hello.secret, mesh.options.secret.data(), mesh.options.secret.size());
-      hello.rank = rank_;
-      hello.path = p.path;
-      try {
-        mesh.transport->connect(spec, hello, until);
-        ok[i] = 1;
-      } catch (const Error& e) {
-        outcome[i] = e.what();
-      }
+  for (size_t t = 0; t < std::min(kConnectThreads, planned.size()); ++t)
+    threads.emplace_back([&] {
+      nameThisThread("maestro-connect");
+      for (size_t i; (i = next++) < planned.size();) connectOne(i);
     });
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < planned.size(); ++i) {
@@ -364,6 +376,11 @@ std::map<int, std::vector<int>> QpManager::discover(const Config& config, Mesh& 
 
 void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink* sink) {
   try {
+    // TCP: a socket per path to every peer, a listener per vNIC, and a few
+    // for route probes and reconnects in flight.
+    if (mesh.transport_kind == "tcp")
+      net::reserveDescriptors(static_cast<size_t>(size_ - 1) * mesh.paths + mesh.vnics.addresses.size() + 16,
+                              strcat("a group of ", size_, " ranks with ", mesh.paths, " paths per peer"));
     mesh.options.sink = sink;
     mesh.transport = transport::makeTransport(mesh.transport_kind, mesh.options);
 

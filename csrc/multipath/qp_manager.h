@@ -33,6 +33,7 @@ struct Mesh {
   transport::TransportOptions options;  // secret, rank, window, ...
   std::string transport_kind;
   std::string transport_why;
+  std::string congestion_why;    // tcp: the paths' congestion control and why
   VnicChoice vnics;
   std::vector<std::vector<std::string>> peer_vnics;  // every rank's vNIC addresses
   int paths = 0;

@@ -17,7 +17,7 @@ struct TransportOptions {
   std::array<uint8_t, Hello::kSecretBytes> secret{};  // accepted connections must present it
   CompletionSink* sink = nullptr;                     // receives every completion
   int max_inflight_per_path = 8;   // writes outstanding per path (verbs: send queue depth)
-  bool busy_poll = false;          // verbs: busy-poll the CQ instead of a completion channel
+  bool busy_poll = false;          // spin: verbs on its CQ, tcp in the process's event loop
   std::string tcp_congestion;      // tcp: congestion control of every path ("" = the kernel's default)
 };
 

@@ -34,10 +34,9 @@
 #include <utility>
 #include <vector>
 
-namespace maestro {
+#include "common/clock.h"
 
-using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
+namespace maestro {
 
 // A registered local memory region.
 struct Region {

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <cstdlib>
 
 #include "common/config.h"
+#include "common/net.h"
 #include "common/error.h"
 
 namespace maestro {
@@ -31,11 +34,17 @@ std::string errorOf(const std::map<std::string, std::string>& o) {
   return "";
 }
 
+// The paper's 50 KB chunks and 8 writes in flight on verbs; TCP pays per
+// chunk in system calls and ACK frames, so its chunks are larger.
 TEST(Config, DefaultsMatchThePaper) {
   Config c = Config::resolve();
-  EXPECT_EQ(51200u, c.chunk_size);
+  EXPECT_EQ(0u, c.chunk_size);  // auto: chosen with the transport
+  EXPECT_EQ(51200u, chunkSizeFor("verbs"));
+  EXPECT_EQ(262144u, chunkSizeFor("tcp"));
   EXPECT_EQ(8, c.window);
   EXPECT_EQ("default", c.provenance["chunk_size"].second);
+  EXPECT_EQ("auto", c.provenance["chunk_size"].first);
+  EXPECT_EQ(0u, Config::resolve({{"chunk_size", "auto"}}).chunk_size);
 }
 
 TEST(Config, EnvironmentThenOptions) {
@@ -62,12 +71,39 @@ TEST(Config, BadValuesNameTheKnob) {
 }
 
 TEST(Config, TcpCongestionIsCheckedAgainstTheKernel) {
-  EXPECT_EQ("", Config::resolve().tcp_congestion);  // the kernel's default
+  EXPECT_EQ("auto", Config::resolve().tcp_congestion);
+  EXPECT_EQ("kernel", Config::resolve({{"tcp_congestion", "kernel"}}).tcp_congestion);
+  EXPECT_NE(std::string::npos, errorOf({{"tcp_congestion", " "}}).find("give auto, kernel or"));
   EXPECT_EQ("reno", Config::resolve({{"tcp_congestion", " reno "}}).tcp_congestion);  // built into every kernel
   const std::string e = errorOf({{"tcp_congestion", "no_such_cc"}});
   EXPECT_NE(std::string::npos, e.find("MAESTRO_TCP_CONGESTION=no_such_cc: the kernel refuses")) << e;
   EXPECT_NE(std::string::npos, e.find("it has: ")) << e;
   EXPECT_NE(std::string::npos, e.find("reno")) << e;  // the list names what it has
+}
+
+std::string kernelCongestion() {
+  std::string name;
+  std::ifstream("/proc/sys/net/ipv4/tcp_congestion_control") >> name;
+  return name;
+}
+
+// auto keeps the kernel's default unless it is bbr, and then picks one this
+// process may use: cubic where allowed (root, or listed in
+// tcp_allowed_congestion_control), else reno, which every process may use.
+TEST(Config, AutoCongestionReplacesBbrOnly) {
+  std::string why;
+  EXPECT_EQ("", net::chooseCongestion("kernel", &why));
+  EXPECT_NE(std::string::npos, why.find("the kernel's default")) << why;
+  EXPECT_EQ("reno", net::chooseCongestion("reno", &why));
+  const std::string chosen = net::chooseCongestion("auto", &why);
+  if (kernelCongestion() == "bbr") {
+    ASSERT_TRUE(chosen == "cubic" || chosen == "reno") << chosen;
+    EXPECT_NO_THROW(net::checkCongestion(chosen, "test"));
+    EXPECT_NE(std::string::npos, why.find("instead of the kernel's default (bbr)")) << why;
+  } else {
+    EXPECT_EQ("", chosen);
+    EXPECT_NE(std::string::npos, why.find(kernelCongestion())) << why;
+  }
 }
 
 TEST(Config, FingerprintCoversGroupWideKnobsOnly) {

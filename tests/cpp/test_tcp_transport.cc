@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include "common/net.h"
 #include "transport/tcp/frame.h"
@@ -153,6 +156,101 @@ TEST_F(RawPeer, GoodWriteLands) {
   ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
   EXPECT_EQ(1u, ack.offset);
+}
+
+// The receive side resumes wherever the socket left it: frames that arrive
+// one byte at a time (headers, payloads and control messages split anywhere)
+// land exactly as whole ones do.
+TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
+  ASSERT_EQ(0u, hello(0, 0));
+  net::setNoDelay(fd_);
+  std::vector<uint8_t> stream;
+  auto append = [&](const FrameHeader& h, size_t payload, uint8_t value) {
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(&h);
+    stream.insert(stream.end(), p, p + sizeof h);
+    stream.insert(stream.end(), payload, value);
+  };
+  append(transport::tcp::writeFrame(region_.id, key_, 10, 100, true, 1), 100, 0x11);
+  append(transport::tcp::sendFrame(5), 5, 'm');
+  append(transport::tcp::writeFrame(region_.id, key_, 200, 0, true, 2), 0, 0);  // empty write with an immediate
+  append(transport::tcp::writeFrame(region_.id, key_, 300, 64, false, 0), 64, 0x22);
+  for (uint8_t byte : stream) {
+    ASSERT_EQ(1, ::send(fd_, &byte, 1, MSG_NOSIGNAL));
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 2 && sink_.messages.size() == 1; }, 10));
+  // Every write is ACKed, the last one included (it had no immediate).
+  uint64_t acked = 0;
+  while (acked < 3) {
+    FrameHeader ack;
+    ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
+    ASSERT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
+    acked = ack.offset;
+  }
+  EXPECT_EQ(3u, acked);
+  EXPECT_EQ(1u, sink_.arrivals[0].first);
+  EXPECT_EQ(100u, sink_.arrivals[0].second);
+  EXPECT_EQ(2u, sink_.arrivals[1].first);
+  EXPECT_EQ(0u, sink_.arrivals[1].second);
+  EXPECT_EQ("mmmmm", sink_.messages[0]);
+  for (size_t i = 0; i < memory_.size(); ++i) {
+    size_t o = i - kGuard;
+    uint8_t want = i < kGuard ? 0x5C : (o >= 10 && o < 110) ? 0x11 : (o >= 300 && o < 364) ? 0x22 : 0x5C;
+    ASSERT_EQ(want, memory_[i]) << "byte " << i;
+  }
+  EXPECT_TRUE(sink_.errors.empty());
+}
+
+// A peer that goes away in the middle of a payload fails the path, and the
+// half-written region is let go: conceal() (which waits for writes in
+// progress) returns.
+TEST_F(RawPeer, PeerClosingMidPayloadFailsThePathAndReleasesTheRegion) {
+  ASSERT_EQ(0u, hello(0, 0));
+  FrameHeader h = transport::tcp::writeFrame(region_.id, key_, 0, 1000, true, 4);
+  net::writeFull(fd_, &h, sizeof h);
+  std::vector<uint8_t> half(400, 0x33);
+  net::writeFull(fd_, half.data(), half.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ::close(fd_);
+  fd_ = -1;
+  std::string error = waitError();
+  EXPECT_NE(std::string::npos, error.find("in the middle of a frame")) << error;
+  auto concealed = std::async(std::launch::async, [&] { t_->conceal(region_); });
+  EXPECT_EQ(std::future_status::ready, concealed.wait_for(std::chrono::seconds(5)))
+      << "the failed path still pins the region";
+  concealed.wait();
+  key_ = t_->expose(region_);  // TearDown conceals once more
+  EXPECT_TRUE(sink_.arrivals.empty());
+}
+
+// shutdown() is the point after which the sink may be destroyed: a
+// completion the event loop is delivering at that moment must have returned
+// before shutdown() does.
+class SlowSink : public RecordingSink {
+ public:
+  void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override {
+    in_callback = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    RecordingSink::onWriteArrived(peer, path, imm, length);
+    returned = true;
+  }
+  std::atomic<bool> in_callback{false}, returned{false};
+};
+
+class RawPeerSlowSink : public RawPeer {
+  void configure(transport::TransportOptions& o) override { o.sink = &slow_; }
+ protected:
+  SlowSink slow_;
+};
+
+TEST_F(RawPeerSlowSink, ShutdownWaitsForACompletionInProgress) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
+  auto deadline = after(10);
+  while (!slow_.in_callback && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(slow_.in_callback.load());
+  t_->shutdown();
+  EXPECT_TRUE(slow_.returned.load()) << "shutdown() returned while the sink was still being called";
 }
 
 // The path's own counters: its congestion control and TCP_INFO's bytes.

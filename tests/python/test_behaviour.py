@@ -77,7 +77,7 @@ def test_group_wide_knob_differing_between_ranks_fails_every_rank():
     results = run_ranks(2, scenarios.bad_knob, rank_env={1: {"MAESTRO_CHUNK_SIZE": "64K"}}, timeout=120)
     for rank, v in enumerate(ok_values(results)):
         assert "must be the same on every rank" in v["error"], f"rank {rank}: {v['error']!r}"
-        assert "chunk_size=51200" in v["error"] and "chunk_size=65536" in v["error"], v["error"]
+        assert "chunk_size=auto" in v["error"] and "chunk_size=65536" in v["error"], v["error"]
 
 
 def test_verbs_requested_without_an_rdma_device_fails_clearly():
@@ -146,8 +146,11 @@ def test_info_logging_prints_knobs_and_path_table():
     for rank, v in enumerate(values):
         log = v["log"]
         assert f"maestro[{rank}] INFO" in log
-        for knob in ("MAESTRO_CHUNK_SIZE=51200", "MAESTRO_POLICY=", "MAESTRO_PATHS=", "MAESTRO_VNICS="):
+        for knob in ("MAESTRO_CHUNK_SIZE=262144", "MAESTRO_POLICY=", "MAESTRO_PATHS=", "MAESTRO_VNICS="):
             assert knob in log, f"{knob} missing from the INFO log:\n{log}"
+        # What the automatic knobs chose, in the set-up line.
+        assert "chunks of 262144 bytes" in log, log
+        assert ", congestion control " in log, log
         assert "127.0.0.4" in log and "sent MB" in log, "path table missing"
         assert "path statistics at shutdown" in log
 

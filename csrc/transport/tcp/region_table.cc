@@ -1,26 +1,14 @@
 #include "transport/tcp/region_table.h"
 
-#include <sys/random.h>
 
 #include <thread>
 
 #include "common/error.h"
+#include "common/random.h"
 
 namespace maestro {
 namespace transport {
 namespace tcp {
-
-uint64_t randomU64() {
-  uint64_t v = 0;
-  auto* p = reinterpret_cast<uint8_t*>(&v);
-  size_t got = 0;
-  while (got < sizeof v) {
-    ssize_t n = getrandom(p + got, sizeof v - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-    else if (errno != EINTR) fail("getrandom failed");
-  }
-  return v;
-}
 
 Region RegionTable::add(void* addr, size_t length) {
   MAESTRO_CHECK(addr != nullptr || length == 0, "cannot register a null buffer");

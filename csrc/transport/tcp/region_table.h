@@ -81,9 +81,6 @@ class RegionTable {
   uint32_t next_id_ = 1;
 };
 
-// 64 random bits from the kernel's CSPRNG (keys, group secrets).
-uint64_t randomU64();
-
 }  // namespace tcp
 }  // namespace transport
 }  // namespace maestro

@@ -2,6 +2,8 @@
 
 #include <linux/tcp.h>  // struct tcp_info with the byte counters (glibc's copy predates them)
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -20,46 +22,36 @@ namespace transport {
 namespace tcp {
 namespace {
 
-// Frames a sender thread puts into one sendmsg() call.
+// Frames put into one sendmsg() batch.
 constexpr size_t kMaxBatchFrames = 16;
-
-// sendmsg() until every byte of the iovec array is out. Throws on error.
-void sendAll(int fd, iovec* iov, size_t count) {
-  while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = count;
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR || net::isSoftError(errno)) continue;
-      fail("send failed: ", net::errnoText(errno));
-    }
-    size_t left = static_cast<size_t>(n);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-}
+// Bytes one readiness event may read from a path before the loop moves on
+// to the others (level-triggered: the rest is reported again).
+constexpr size_t kReceiveBudget = 4u << 20;
 
 }  // namespace
 
-TcpPath::TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink,
-                 RegionTable* regions)
-    : fd_(fd), peer_(peer), path_(path), description_(std::move(description)), sink_(sink), regions_(regions) {
+TcpPath::TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink, RegionTable* regions,
+                 EventLoop* loop)
+    : fd_(fd),
+      peer_(peer),
+      path_(path),
+      description_(std::move(description)),
+      sink_(sink),
+      regions_(regions),
+      loop_(loop) {
   net::setNoDelay(fd_);
-  sender_ = std::thread([this] { sendLoop(); });
-  receiver_ = std::thread([this] { recvLoop(); });
+  int flags = ::fcntl(fd_, F_GETFL, 0);
+  MAESTRO_CHECK(flags >= 0 && ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK) == 0, "cannot make path ", path_,
+                " to rank ", peer_, " non-blocking: ", net::errnoText(errno));
+  batch_.reserve(kMaxBatchFrames);  // iov_ points into it
 }
 
+void TcpPath::start() { loop_id_ = loop_->add(fd_, shared_from_this(), false); }
+
 TcpPath::~TcpPath() {
-  stop();
-  if (failed()) {
+  // Registered paths are held by the loop, so no call of onEvents() is in
+  // progress or can follow: the descriptor is ours to close.
+  if (failed_) {
     // A failed path closes with a reset: no TIME_WAIT holds its source port,
     // so a reconnect can reuse it (same 5-tuple, same route).
     linger l{1, 0};
@@ -86,16 +78,22 @@ PathCounters TcpPath::counters() const {
 void TcpPath::stop() {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (stopping_ && !sender_.joinable() && !receiver_.joinable()) return;
-    // Let queued control messages (a goodbye) leave first, briefly.
-    cv_.wait_for(lock, std::chrono::milliseconds(200),
-                 [&] { return failed_ || (control_.empty() && transmitting_ == 0 && !sending_control_); });
+    if (stopping_) return;
+    // Let queued control messages (a goodbye) leave first, briefly; the loop
+    // sends them (it cannot wait for itself).
+    if (!loop_->inLoopThread())
+      cv_.wait_for(lock, std::chrono::milliseconds(200),
+                   [&] { return failed_ || (control_.empty() && iov_next_ == iov_.size()); });
     stopping_ = true;
   }
-  ::shutdown(fd_, SHUT_RDWR);  // unblocks send/recv in both threads
+  loop_->remove(loop_id_, fd_);
+  ::shutdown(fd_, SHUT_RDWR);
   cv_.notify_all();
-  if (sender_.joinable()) sender_.join();
-  if (receiver_.joinable()) receiver_.join();
+  if (loop_->inLoopThread()) {
+    resetReceive();
+  } else {
+    loop_->post([self = shared_from_this()] { self->resetReceive(); });
+  }
 }
 
 bool TcpPath::failed() const {
@@ -114,13 +112,18 @@ void TcpPath::postWrite(const WriteRequest& req) {
   out.payload = req.src;
   out.wr_id = req.wr_id;
   out.is_write = true;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed_ || stopping_) {
-    late_flush_.push_back(req.wr_id);  // completes with ok=false on the sender thread
-  } else {
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_ || stopping_) {
+      late_flush_.push_back(req.wr_id);  // completes with ok=false on the loop
+      flushLater();
+      return;
+    }
     queue_.push_back(std::move(out));
+    error = pushLocked();
   }
-  cv_.notify_all();
+  if (!error.empty()) failLater(error);
 }
 
 void TcpPath::postSend(const void* data, size_t length) {
@@ -129,17 +132,252 @@ void TcpPath::postSend(const void* data, size_t length) {
   Outgoing out;
   out.header = sendFrame(length);
   out.owned.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed_ || stopping_) return;  // control messages on a dead path are lost, like SENDs on an errored QP
-  control_.push_back(std::move(out));
-  cv_.notify_all();
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_ || stopping_) return;  // control messages on a dead path are lost, like SENDs on an errored QP
+    control_.push_back(std::move(out));
+    error = pushLocked();
+  }
+  if (!error.empty()) failLater(error);
 }
 
 void TcpPath::close(const std::string& why) { fail(why); }
 
+std::string TcpPath::pushLocked() {
+  if (failed_ || stopping_) return {};
+  for (;;) {
+    if (iov_next_ == iov_.size()) {
+      // The last batch is out: start the next one. An ACK and control
+      // messages (credits, descriptors, probes) overtake queued data.
+      batch_.clear();
+      iov_.clear();
+      iov_next_ = 0;
+      if (writes_received_ > acks_sent_) {
+        ack_ = ackFrame(writes_received_);
+        acks_sent_ = writes_received_;
+        iov_.push_back({&ack_, sizeof ack_});
+      }
+      while (!control_.empty() && batch_.size() < kMaxBatchFrames) {
+        batch_.push_back(std::move(control_.front()));
+        control_.pop_front();
+      }
+      while (!queue_.empty() && batch_.size() < kMaxBatchFrames) {
+        batch_.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+        unacked_.push_back(batch_.back().wr_id);
+      }
+      for (auto& o : batch_) {
+        iov_.push_back({&o.header, sizeof o.header});
+        if (o.header.length > 0)
+          iov_.push_back({const_cast<void*>(o.is_write ? o.payload : o.owned.data()), o.header.length});
+      }
+      if (iov_.empty()) break;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov_.data() + iov_next_;
+    msg.msg_iovlen = iov_.size() - iov_next_;
+    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR || net::isSoftError(errno)) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!want_write_) {
+          want_write_ = true;
+          loop_->modify(loop_id_, fd_, true);
+        }
+        return {};
+      }
+      return strcat("send failed: ", net::errnoText(errno));
+    }
+    size_t left = static_cast<size_t>(n);
+    while (iov_next_ < iov_.size() && left >= iov_[iov_next_].iov_len) {
+      left -= iov_[iov_next_].iov_len;
+      ++iov_next_;
+    }
+    if (iov_next_ < iov_.size()) {
+      iov_[iov_next_].iov_base = static_cast<uint8_t*>(iov_[iov_next_].iov_base) + left;
+      iov_[iov_next_].iov_len -= left;
+    }
+  }
+  if (want_write_) {
+    want_write_ = false;
+    loop_->modify(loop_id_, fd_, false);
+  }
+  cv_.notify_all();  // stop() waits for the control queue to drain
+  return {};
+}
+
+void TcpPath::onEvents(uint32_t events) {
+  if (events & (EPOLLIN | EPOLLERR | EPOLLHUP | EPOLLRDHUP)) receive();
+  if (events & EPOLLOUT) {
+    std::string error;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error = pushLocked();
+    }
+    if (!error.empty()) fail(error);
+  }
+}
+
+void TcpPath::receive() {
+  uint8_t scratch[16384];  // stale payloads are read into it and dropped
+  size_t budget = kReceiveBudget;
+  std::string error;
+  rx_landed_ = false;
+  while (budget > 0 && error.empty()) {
+    void* dst;
+    size_t want;
+    if (rx_ == Rx::kHeader) {
+      dst = reinterpret_cast<uint8_t*>(&rx_header_) + rx_have_;
+      want = sizeof rx_header_ - rx_have_;
+    } else if (rx_ == Rx::kDrain) {
+      dst = scratch;
+      want = static_cast<size_t>(std::min<uint64_t>(rx_left_, sizeof scratch));
+    } else {
+      // Zero copy: the payload goes straight from the socket to its final
+      // place in the registered region.
+      dst = rx_dst_;
+      want = static_cast<size_t>(std::min<uint64_t>(rx_left_, budget));
+    }
+    ssize_t n = ::recv(fd_, dst, want, MSG_DONTWAIT);
+    if (n == 0) {
+      error = (rx_ == Rx::kHeader && rx_have_ == 0) ? "connection closed by the peer"
+                                                    : "connection closed by the peer in the middle of a frame";
+      break;
+    }
+    if (n < 0) {
+      if (errno == EINTR || net::isSoftError(errno)) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      error = strcat("receive failed: ", net::errnoText(errno));
+      break;
+    }
+    budget -= std::min(budget, static_cast<size_t>(n));
+    if (rx_ == Rx::kHeader) {
+      rx_have_ += static_cast<size_t>(n);
+      if (rx_have_ < sizeof rx_header_) continue;
+    } else {
+      rx_left_ -= static_cast<uint64_t>(n);
+      if (rx_ != Rx::kDrain) rx_dst_ += n;
+      if (rx_left_ > 0) continue;
+    }
+    finishFrame(&error);
+  }
+  if (!error.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    fail(error);
+    return;
+  }
+  if (rx_landed_) {  // acknowledge what landed (the sender's window waits for it)
+    std::lock_guard<std::mutex> lock(mu_);
+    error = pushLocked();
+  }
+  if (!error.empty()) fail(error);
+}
+
+bool TcpPath::finishFrame(std::string* error) {
+  auto landWrite = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++writes_received_;
+    rx_landed_ = true;
+  };
+  switch (rx_) {
+    case Rx::kHeader: {
+      rx_have_ = 0;
+      const FrameHeader& h = rx_header_;
+      if (std::string bad = checkHeader(h); !bad.empty()) {
+        *error = "malformed frame from the peer: " + bad;
+        return false;
+      }
+      switch (static_cast<FrameType>(h.type)) {
+        case FrameType::kWrite: {
+          std::string why;
+          RegionTable::Grant grant;
+          RegionTable::Verdict verdict = regions_->grantWrite(h.region, h.key, h.offset, h.length, &grant, &why);
+          if (verdict == RegionTable::Verdict::kRejected) {
+            *error = "rejected a write from the peer: " + why;
+            return false;
+          }
+          rx_left_ = h.length;
+          if (verdict == RegionTable::Verdict::kGranted) {
+            rx_grant_ = std::move(grant);
+            rx_dst_ = rx_grant_.dst();
+            rx_ = Rx::kPayload;
+          } else {
+            // A late duplicate for an earlier exposure: drain it, ACK it
+            // (the sender's copy is accounted for), write nothing.
+            rx_ = Rx::kDrain;
+          }
+          if (h.length == 0) return finishFrame(error);
+          return true;
+        }
+        case FrameType::kSend:
+          rx_message_.resize(h.length);
+          rx_dst_ = rx_message_.data();
+          rx_left_ = h.length;
+          rx_ = Rx::kMessage;
+          if (h.length == 0) return finishFrame(error);
+          return true;
+        case FrameType::kAck:
+          handleAck(h.offset);
+          return true;
+      }
+      *error = "malformed frame from the peer: unknown type";  // checkHeader() let it through
+      return false;
+    }
+    case Rx::kPayload:
+      rx_ = Rx::kHeader;
+      rx_grant_.release();
+      if (rx_header_.flags & kFlagImm)
+        sink_->onWriteArrived(peer_, path_, rx_header_.imm, static_cast<uint32_t>(rx_header_.length));
+      landWrite();
+      return true;
+    case Rx::kDrain:
+      rx_ = Rx::kHeader;
+      MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a stale write of ", rx_header_.length, " bytes");
+      landWrite();
+      return true;
+    case Rx::kMessage:
+      rx_ = Rx::kHeader;
+      sink_->onMessage(peer_, path_, rx_message_.data(), rx_message_.size());
+      return true;
+  }
+  return true;
+}
+
+void TcpPath::resetReceive() {
+  rx_grant_.release();
+  rx_ = Rx::kHeader;
+  rx_have_ = 0;
+  rx_left_ = 0;
+  rx_dst_ = nullptr;
+}
+
 void TcpPath::deliverFlush(std::vector<uint64_t>& wr_ids) {
   for (uint64_t wr : wr_ids) sink_->onWriteComplete(peer_, path_, wr, false);
   wr_ids.clear();
+}
+
+void TcpPath::flushLater() {
+  if (flush_scheduled_) return;
+  flush_scheduled_ = true;
+  loop_->post([self = shared_from_this()] {
+    std::vector<uint64_t> flush;
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      flush.swap(self->late_flush_);
+      self->flush_scheduled_ = false;
+      stopping = self->stopping_;
+    }
+    if (!stopping) self->deliverFlush(flush);
+  });
+}
+
+void TcpPath::failLater(const std::string& why) {
+  loop_->post([self = shared_from_this(), why] { self->fail(why); });
 }
 
 void TcpPath::fail(const std::string& why) {
@@ -148,29 +386,43 @@ void TcpPath::fail(const std::string& why) {
     std::unique_lock<std::mutex> lock(mu_);
     if (failed_) {
       // Another thread is failing it: return once the sink has heard, so a
-      // replacement's onPathUp never overtakes this connection's error.
-      cv_.wait(lock, [&] { return error_raised_; });
+      // replacement's onPathUp never overtakes this connection's error. The
+      // loop does not wait (it would hold up every other path meanwhile).
+      if (!loop_->inLoopThread()) cv_.wait(lock, [&] { return error_raised_; });
       return;
     }
     failed_ = true;
-    if (stopping_) {  // shutting down: nobody wants completions
-      error_raised_ = true;
-      cv_.notify_all();
-      return;
+    if (!stopping_) {
+      // Nothing reads the payloads of the batch after this (every sendmsg()
+      // runs under mu_), so every write not yet ACKed completes now.
+      for (auto& o : queue_) flushed.push_back(o.wr_id);
+      flushed.insert(flushed.end(), unacked_.begin(), unacked_.end());
+      flushed.insert(flushed.end(), late_flush_.begin(), late_flush_.end());
     }
-    for (auto& o : queue_) flushed.push_back(o.wr_id);
     queue_.clear();
     control_.clear();
-    // Writes still inside sendmsg() are flushed by the sender thread once the
-    // call returns, so their memory is not released while the kernel reads it.
-    size_t settled = unacked_.size() - transmitting_;
-    for (size_t i = 0; i < settled; ++i) flushed.push_back(unacked_[i]);
-    unacked_.erase(unacked_.begin(), unacked_.begin() + static_cast<long>(settled));
+    unacked_.clear();
+    late_flush_.clear();
+    batch_.clear();
+    iov_.clear();
+    iov_next_ = 0;
   }
+  loop_->remove(loop_id_, fd_);
   ::shutdown(fd_, SHUT_RDWR);
-  cv_.notify_all();
-  MAESTRO_INFO("path ", path_, " to rank ", peer_, " (", description_, ") failed: ", why);
-  sink_->onPathError(peer_, path_, why);
+  if (loop_->inLoopThread()) {
+    resetReceive();
+  } else {
+    loop_->post([self = shared_from_this()] { self->resetReceive(); });
+  }
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping = stopping_;
+  }
+  if (!stopping) {  // shutting down: nobody wants completions
+    MAESTRO_INFO("path ", path_, " to rank ", peer_, " (", description_, ") failed: ", why);
+    sink_->onPathError(peer_, path_, why);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     error_raised_ = true;
@@ -179,86 +431,15 @@ void TcpPath::fail(const std::string& why) {
   deliverFlush(flushed);
 }
 
-void TcpPath::sendLoop() {
-  std::vector<Outgoing> batch;
-  std::vector<iovec> iov;
-  std::vector<uint64_t> flush;
-  FrameHeader ack;
-  for (;;) {
-    batch.clear();
-    iov.clear();
-    bool send_ack = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
-        return stopping_ || !late_flush_.empty() ||
-               (!failed_ && (!queue_.empty() || !control_.empty() || writes_received_ > acks_sent_));
-      });
-      if (!late_flush_.empty()) {
-        flush.swap(late_flush_);
-        lock.unlock();
-        if (!stopping_) deliverFlush(flush);
-        flush.clear();
-        continue;
-      }
-      if (stopping_) return;
-      if (writes_received_ > acks_sent_) {
-        ack = ackFrame(writes_received_);
-        acks_sent_ = writes_received_;
-        send_ack = true;
-      }
-      // Control messages (credits, descriptors, probes) overtake queued data.
-      while (!control_.empty() && batch.size() < kMaxBatchFrames) {
-        batch.push_back(std::move(control_.front()));
-        control_.pop_front();
-      }
-      while (!queue_.empty() && batch.size() < kMaxBatchFrames) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-        if (batch.back().is_write) {
-          unacked_.push_back(batch.back().wr_id);
-          ++transmitting_;
-        }
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      sending_control_ = !batch.empty() && !batch.front().is_write;
-    }
-    if (send_ack) iov.push_back({&ack, sizeof ack});
-    for (auto& o : batch) {
-      iov.push_back({&o.header, sizeof o.header});
-      if (o.header.length > 0)
-        iov.push_back({const_cast<void*>(o.is_write ? o.payload : o.owned.data()), o.header.length});
-    }
-    std::string error;
-    try {
-      sendAll(fd_, iov.data(), iov.size());
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      transmitting_ = 0;
-      sending_control_ = false;
-      cv_.notify_all();
-      if (failed_ && !stopping_) {
-        // fail() left the entries that were in transmission to us.
-        flush.assign(unacked_.begin(), unacked_.end());
-        unacked_.clear();
-      }
-    }
-    if (!flush.empty()) deliverFlush(flush);
-    if (!error.empty()) fail(error);
-  }
-}
-
 void TcpPath::handleAck(uint64_t writes_received) {
   std::vector<uint64_t> done;
+  bool bad = false;
+  size_t unacked = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    unacked = unacked_.size();
     if (writes_received < writes_acked_ || writes_received - writes_acked_ > unacked_.size()) {
-      // Fall through to fail() outside the lock.
+      bad = !failed_;  // a failed path flushed them already
     } else {
       uint64_t n = writes_received - writes_acked_;
       for (uint64_t i = 0; i < n; ++i) {
@@ -266,88 +447,14 @@ void TcpPath::handleAck(uint64_t writes_received) {
         unacked_.pop_front();
       }
       writes_acked_ = writes_received;
-      if (transmitting_ > unacked_.size()) transmitting_ = unacked_.size();
     }
   }
-  if (done.empty() && writes_received != writes_acked_) {
-    fail(strcat("peer acknowledged ", writes_received, " writes but only ", writes_acked_, " + ",
-                unacked_.size(), " were sent"));
+  if (bad) {
+    fail(strcat("peer acknowledged ", writes_received, " writes but only ", writes_acked_, " + ", unacked,
+                " were sent"));
     return;
   }
   for (uint64_t wr : done) sink_->onWriteComplete(peer_, path_, wr, true);
-}
-
-void TcpPath::drain(uint64_t length) {
-  uint8_t sink[16384];
-  while (length > 0) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(length, sizeof sink));
-    net::readFull(fd_, sink, n);
-    length -= n;
-  }
-}
-
-void TcpPath::recvLoop() {
-  std::vector<uint8_t> message;
-  for (;;) {
-    FrameHeader h;
-    std::string error;
-    try {
-      if (!net::readFull(fd_, &h, sizeof h)) {
-        error = "connection closed by the peer";
-      } else if (std::string bad = checkHeader(h); !bad.empty()) {
-        error = "malformed frame from the peer: " + bad;
-      } else {
-        switch (static_cast<FrameType>(h.type)) {
-          case FrameType::kWrite: {
-            std::string why;
-            RegionTable::Grant grant;
-            RegionTable::Verdict verdict = regions_->grantWrite(h.region, h.key, h.offset, h.length, &grant, &why);
-            if (verdict == RegionTable::Verdict::kRejected) {
-              error = "rejected a write from the peer: " + why;
-              break;
-            }
-            if (verdict == RegionTable::Verdict::kGranted) {
-              // Zero copy: the payload goes straight from the socket to its
-              // final place in the registered region.
-              if (h.length > 0) net::readFull(fd_, grant.dst(), h.length);
-              grant.release();
-              if (h.flags & kFlagImm) sink_->onWriteArrived(peer_, path_, h.imm, static_cast<uint32_t>(h.length));
-            } else {
-              // A late duplicate for an earlier exposure: drain it, ACK it
-              // (the sender's copy is accounted for), write nothing.
-              drain(h.length);
-              MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a stale write of ", h.length, " bytes");
-            }
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              ++writes_received_;
-            }
-            cv_.notify_all();
-            break;
-          }
-          case FrameType::kSend:
-            message.resize(h.length);
-            if (h.length > 0) net::readFull(fd_, message.data(), h.length);
-            sink_->onMessage(peer_, path_, message.data(), message.size());
-            break;
-          case FrameType::kAck:
-            handleAck(h.offset);
-            break;
-
-        }
-      }
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    if (!error.empty()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stopping_) return;
-      }
-      fail(error);
-      return;
-    }
-  }
 }
 
 }  // namespace tcp

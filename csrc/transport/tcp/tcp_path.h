@@ -1,7 +1,9 @@
-// One TCP path: a connected socket between a local vNIC and a peer's vNIC,
-// with the paper's "one worker per QP": a sender thread draining this path's
-// work queue and a receiver thread that lands incoming WRITE payloads
-// directly in registered memory (no staging copy).
+// One TCP path: a connected, non-blocking socket between a local vNIC and a
+// peer's vNIC, driven by the process's event loop (event_loop.h) -- no
+// thread of its own. Incoming WRITE payloads land directly in registered
+// memory (no staging copy), read as far as the socket has them and resumed
+// on the next readiness event. Outgoing frames leave inline from the
+// posting thread while the socket takes them; the rest on EPOLLOUT.
 //
 // Completions follow RC semantics: a write completes when the peer ACKs it
 // (its bytes are in the peer's memory), in posting order. When the path
@@ -9,18 +11,22 @@
 // completes with ok=false -- including writes posted later -- so the layer
 // above can resend them elsewhere.
 //
-// The receiver thread never blocks on a socket write (ACKs are handed to the
-// sender thread), so two paths sending to each other cannot deadlock.
+// The sink is never called from inside postWrite()/postSend() (their caller
+// may hold its own locks): completions that arise there -- a write posted to
+// a failed path, a send that hit a dead socket -- are handed to the loop.
 #pragma once
+
+#include <sys/uio.h>
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "transport/tcp/event_loop.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/region_table.h"
 #include "transport/transport.h"
@@ -29,27 +35,32 @@ namespace maestro {
 namespace transport {
 namespace tcp {
 
-class TcpPath {
+class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<TcpPath> {
  public:
-  TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink, RegionTable* regions);
-  ~TcpPath();
+  TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink, RegionTable* regions,
+          EventLoop* loop);
+  ~TcpPath() override;
   TcpPath(const TcpPath&) = delete;
   TcpPath& operator=(const TcpPath&) = delete;
 
+  // Register with the loop (after construction: it hands out shared_from_this).
+  void start();
   void postWrite(const WriteRequest& req);
   void postSend(const void* data, size_t length);
   void close(const std::string& why);
-  // Stop both threads without raising completions (transport shutdown).
+  // Stop without raising completions (transport shutdown): queued control
+  // messages (a goodbye) get a brief chance to leave first.
   void stop();
 
   bool failed() const;
-  // Failed, and every write it held has been completed (flushed): nothing
-  // is left for its sender thread to deliver.
+  // Failed, and every write it held has been completed (flushed).
   bool settled() const;
   const std::string& description() const { return description_; }
   // TCP_INFO's byte counts of this connection and its congestion control.
   PathCounters counters() const;
 
+  // EventLoop::Handler (loop thread)
+  void onEvents(uint32_t events) override;
 
  private:
   struct Outgoing {
@@ -59,12 +70,19 @@ class TcpPath {
     uint64_t wr_id = 0;
     bool is_write = false;
   };
+  // What the receive side is in the middle of (loop thread only).
+  enum class Rx { kHeader, kPayload, kDrain, kMessage };
 
-  void sendLoop();
-  void recvLoop();
+  // Send what the socket takes, mu_ held. Returns the error that ended the
+  // connection ("" while it is fine); never calls the sink.
+  std::string pushLocked();
+  void receive();                   // loop thread: read until the socket is empty or a budget is spent
+  bool finishFrame(std::string* error);  // loop thread: a header or payload is complete
   void handleAck(uint64_t writes_received);
-  void drain(uint64_t length);
   void fail(const std::string& why);
+  void failLater(const std::string& why);  // from a thread that may hold the caller's locks
+  void flushLater();                       // complete late_flush_ on the loop thread
+  void resetReceive();                     // loop thread: drop a half-read frame and its grant
   void deliverFlush(std::vector<uint64_t>& wr_ids);
 
   const int fd_;
@@ -73,15 +91,21 @@ class TcpPath {
   const std::string description_;
   CompletionSink* const sink_;
   RegionTable* const regions_;
+  EventLoop* const loop_;
+  uint64_t loop_id_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Outgoing> control_;       // SENDs, sent ahead of queued writes
   std::deque<Outgoing> queue_;         // writes not yet on the wire
-  std::deque<uint64_t> unacked_;       // WRITEs on the wire, oldest first
-  size_t transmitting_ = 0;            // entries at the back of unacked_ inside sendmsg()
-  bool sending_control_ = false;       // a batch with control messages is inside sendmsg()
-  std::vector<uint64_t> late_flush_;   // writes to complete with ok=false (sender thread delivers)
+  std::deque<uint64_t> unacked_;       // WRITEs on the wire (or in batch_), oldest first
+  std::vector<Outgoing> batch_;        // frames being sent, in iov_ from iov_next_
+  std::vector<iovec> iov_;
+  size_t iov_next_ = 0;
+  FrameHeader ack_;                    // the ACK frame inside batch_, if any
+  bool want_write_ = false;            // EPOLLOUT requested
+  bool flush_scheduled_ = false;       // a loop task will deliver late_flush_
+  std::vector<uint64_t> late_flush_;   // writes to complete with ok=false (on the loop)
   uint64_t writes_acked_ = 0;          // ACKs processed (sender side)
   uint64_t writes_received_ = 0;       // WRITE frames landed (receiver side)
   uint64_t acks_sent_ = 0;             // last cumulative count we ACKed
@@ -89,8 +113,15 @@ class TcpPath {
   bool error_raised_ = false;          // onPathError has returned (or was skipped at shutdown)
   bool stopping_ = false;
 
-  std::thread sender_;
-  std::thread receiver_;
+  // Receive state: the loop thread's alone.
+  Rx rx_ = Rx::kHeader;
+  FrameHeader rx_header_;
+  size_t rx_have_ = 0;                 // header bytes read
+  uint64_t rx_left_ = 0;               // payload bytes still to read
+  uint8_t* rx_dst_ = nullptr;          // where they go (kPayload, kMessage)
+  RegionTable::Grant rx_grant_;        // kPayload: pins the destination region
+  std::vector<uint8_t> rx_message_;    // kMessage
+  bool rx_landed_ = false;             // a WRITE landed in this receive(): ACK it
 };
 
 }  // namespace tcp

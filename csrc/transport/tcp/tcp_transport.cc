@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/thread.h"
 #include "transport/tcp/frame.h"
 
 namespace maestro {
@@ -29,13 +30,15 @@ bool sameSecret(const uint8_t* a, const uint8_t* b, size_t n) {
 
 }  // namespace
 
-TcpTransport::TcpTransport(const TransportOptions& options) : options_(options) {
+TcpTransport::TcpTransport(const TransportOptions& options) : options_(options), loop_(EventLoop::shared()) {
   MAESTRO_CHECK(options_.sink != nullptr, "TcpTransport needs a completion sink");
+  if (options_.busy_poll) loop_->busyPoll(true);
   MAESTRO_CHECK(::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) == 0, "pipe: ", net::errnoText(errno));
 }
 
 TcpTransport::~TcpTransport() {
   shutdown();
+  if (options_.busy_poll) loop_->busyPoll(false);
   ::close(wake_pipe_[0]);
   ::close(wake_pipe_[1]);
 }
@@ -53,6 +56,7 @@ std::string TcpTransport::listen(const std::string& local_addr) {
 }
 
 void TcpTransport::acceptLoop() {
+  nameThisThread("maestro-accept");
   for (;;) {
     std::vector<pollfd> fds;
     {
@@ -133,16 +137,17 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
       MAESTRO_WARN("path ", path, " to rank ", peer, " keeps the kernel's default: ", e.what());
     }
   }
-  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_);
-  std::vector<std::shared_ptr<TcpPath>> done;  // destroyed outside the lock (joins threads)
+  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_, loop_.get());
+  std::vector<std::shared_ptr<TcpPath>> done;  // released outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;  // shutdown() ran meanwhile: `p` closes the socket unstarted
     paths_[{peer, path}] = p;
+    p->start();
     if (accepted) ++accepted_;
-    // Destroying `old` now would stop its sender thread before it flushed
-    // the writes that were inside sendmsg(): they would never complete, and
-    // the operation waiting for them would hang. Retire it instead, and
-    // reap the retired connections that have nothing left to deliver.
+    // A replaced connection may still have failed writes to deliver (a
+    // flush handed to the loop): retire it, and reap the retired
+    // connections that have nothing left to deliver.
     if (old) retired_.push_back(std::move(old));
     for (auto it = retired_.begin(); it != retired_.end();) {
       if (it->use_count() == 1 && (*it)->settled()) {
@@ -367,6 +372,10 @@ void TcpTransport::shutdown() {
   }
   for (auto& p : paths) p->stop();
   paths.clear();
+  // A path's call may still be running on the loop (stop() does not wait
+  // for it), and its completions go to our sink, which the caller is free
+  // to destroy once we return.
+  loop_->quiesce();
 }
 
 }  // namespace tcp

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "transport/factory.h"
+#include "transport/tcp/event_loop.h"
 #include "transport/tcp/region_table.h"
 #include "transport/tcp/tcp_path.h"
 #include "transport/transport.h"
@@ -65,6 +66,7 @@ class TcpTransport : public Transport {
 
   const TransportOptions options_;
   RegionTable regions_;
+  std::shared_ptr<EventLoop> loop_;  // the process's: drives every path
 
   mutable std::mutex mu_;
   std::condition_variable accepted_cv_;

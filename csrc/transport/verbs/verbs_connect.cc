@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/verbs/cm_wire.h"
+#include "common/thread.h"
 #include "transport/verbs/verbs_transport_impl.h"
 
 namespace maestro {
@@ -218,6 +219,7 @@ void VerbsTransport::awaitAccepted(size_t count, Deadline deadline) {
 
 void VerbsTransport::cmLoop() {
   setLogRank(options_.rank);
+  nameThisThread("maestro-rdmacm");
   pollfd fds[2] = {{cm_channel_->fd, POLLIN, 0}, {cm_wake_fd_, POLLIN, 0}};
   while (!stopping_) {
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) {

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/verbs/verbs_transport_impl.h"
+#include "common/thread.h"
 
 namespace maestro {
 namespace transport {
@@ -57,6 +58,7 @@ const char* statusHint(ibv_wc_status status) {
 
 void VerbsTransport::progressLoop() {
   setLogRank(options_.rank);
+  nameThisThread("maestro-cq");
   Device* device = device_.get();  // set before this thread was started, stays until it is joined
   ibv_wc wcs[kPollBatch];
   pollfd fds[2] = {{device->channel() ? device->channel()->fd : -1, POLLIN, 0},
