@@ -322,10 +322,63 @@ def sec_discovery(rec, out):
             f"{statistics.median(r[2] for r in res):.2f} s; every allreduce correct: {all(r[3] for r in res)}.\n")
 
 
+def sec_footprint(rec, out):
+    fp = rec["data"]["footprint"]
+    rows, series = [], {}
+    for world in fp["worlds"]:
+        row = [world]
+        for backend in ("maestro", "gloo"):
+            runs = [r for r in fp["runs"] if r["world"] == world and r["backend"] == backend]
+            ranks = [x for r in runs for x in r["ranks"]]
+
+            def spread(key, fmt="{:.0f}"):
+                vals = [x[key] for x in ranks]
+                med = statistics.median(vals)
+                return med, (fmt.format(med) if min(vals) == max(vals)
+                             else f"{fmt.format(med)} ({fmt.format(min(vals))}-{fmt.format(max(vals))})")
+            cells = {k: spread(k) for k in ("threads", "fds", "rss_MB")}
+            cells["setup_s"] = spread("setup_s", "{:.2f}")
+            row += [cells[k][1] for k in ("threads", "fds", "rss_MB", "setup_s")]
+            for k in ("threads", "fds"):
+                series.setdefault((backend, k), []).append(cells[k][0])
+        rows.append(row)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for ax, k, label in ((axes[0], "threads", "threads per rank"), (axes[1], "fds", "open descriptors per rank")):
+        for backend, style in (("maestro", "o-"), ("gloo", "s--")):
+            ax.plot(fp["worlds"], series[(backend, k)], style, label=backend)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks")
+        ax.set_ylabel(label)
+        ax.legend()
+    cpu_rows = []
+    for run in rec["data"]["cpu"]["runs"]:
+        med = {b: {k: statistics.median(r[k] for r in run["backends"][b]) for k in ("busbw_GBps", "cpu_s_per_GB")}
+               for b in ("maestro", "gloo")}
+        bw = {b: [r["busbw_GBps"] for r in run["backends"][b]] for b in ("maestro", "gloo")}
+        cpu_rows.append([run["world"], f"{med['maestro']['busbw_GBps']:.2f} ({min(bw['maestro']):.2f}-{max(bw['maestro']):.2f})",
+                         f"{med['gloo']['busbw_GBps']:.2f} ({min(bw['gloo']):.2f}-{max(bw['gloo']):.2f})",
+                         f"**{med['maestro']['busbw_GBps'] / med['gloo']['busbw_GBps']:.2f}x**",
+                         med["maestro"]["cpu_s_per_GB"], med["gloo"]["cpu_s_per_GB"]])
+    size = rec["data"]["cpu"]["runs"][0]["bytes"] >> 20 if rec["data"]["cpu"]["runs"] else 0
+    return ("Footprint and CPU cost per rank (loopback)",
+            f"Per rank, after one small allreduce in a fresh group: threads, open file descriptors, resident "
+            f"memory (MB, torch included) and set-up time (s, init_process_group to the first allreduce), median "
+            f"(min-max) over every rank of {fp['trials']} interleaved launches; maestro with {fp['paths']} paths "
+            f"per peer.\n\n"
+            + table(["ranks", "maestro threads", "maestro fds", "maestro RSS MB", "maestro set-up s",
+                     "gloo threads", "gloo fds", "gloo RSS MB", "gloo set-up s"], rows)
+            + f"\n\nAllreduce of {size} MiB on this host (maestro's defaults: 4 loopback paths), both groups in the "
+              f"same processes, timed alternately: busbw median (min-max) over the rounds, and CPU seconds (user + "
+              f"system, every thread of every rank) per GB of tensor reduced.\n\n"
+            + table(["ranks", "maestro busbw GB/s", "gloo busbw GB/s", "maestro vs gloo", "maestro CPU s/GB",
+                     "gloo CPU s/GB"], cpu_rows)
+            + "\n\n" + save(fig, out, "footprint"))
+
+
 SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
             "models": sec_models, "load_balance": sec_load_balance, "detection": sec_detection,
             "resiliency": sec_resiliency, "latency": sec_latency, "overheads": sec_overheads,
-            "discovery": sec_discovery}
+            "discovery": sec_discovery, "footprint": sec_footprint}
 
 
 # ---------------------------------------------------------------- sanity
@@ -389,6 +442,16 @@ def sanity(recs: dict) -> list[str]:
                     positive(name, f"{r['variant']} Gbit/s", r["gbps"])
                 for r in d["setup"]["rows"]:
                     positive(name, f"set-up with {r['paths']} paths", r["setup_s"])
+            elif name == "footprint":
+                for r in d["footprint"]["runs"]:
+                    for x in r["ranks"]:
+                        positive(name, f"{r['backend']} x{r['world']} threads", x["threads"])
+                        positive(name, f"{r['backend']} x{r['world']} set-up", x["setup_s"])
+                for run in d["cpu"]["runs"]:
+                    for b, rounds in run["backends"].items():
+                        for r in rounds:
+                            positive(name, f"{b} x{run['world']} busbw", r["busbw_GBps"])
+                            positive(name, f"{b} x{run['world']} CPU s/GB", r["cpu_s_per_GB"])
             elif name == "discovery":
                 trials = [t for r in d["trials"] for t in r]
                 positive(name, "trials", len(trials))

@@ -19,6 +19,8 @@ Experiments (paper figure):
     latency       Fig.12f  barrier time when paths differ in queueing delay
     overheads     Fig.13   CPU per path at line rate, set-up cost vs paths
     discovery     §4.1     disjoint paths found under ECMP hashing (trials)
+    footprint     -        threads, descriptors, memory, set-up per rank (2-32 ranks) and CPU s per GB
+                           reduced, maestro vs gloo, on loopback (benchmarks/footprint.py)
 """
 from __future__ import annotations
 
@@ -222,6 +224,11 @@ def exp_discovery(ctx):
     with ctx.lab("dis", mode="ecmp") as lab:
         res = run_ranks(lab, ["discover", "--trials", "3" if ctx.quick else "20"], timeout=1800)
     return {"lab": "4 hosts, 2 leaves, 4 spines, ECMP (no pinning)", **res}
+
+
+def exp_footprint(ctx):
+    import footprint
+    return {"lab": "none: ranks on this host over loopback", **footprint.measure(ctx.quick)}
 
 
 EXPERIMENTS = {name[4:]: fn for name, fn in globals().items() if name.startswith("exp_")}

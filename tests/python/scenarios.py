@@ -193,3 +193,22 @@ def ddp_training(rank, world, backend):
     params = [p.detach().tolist() for p in model.parameters()]  # plain lists cross the process boundary
     dist.destroy_process_group()
     return params
+
+
+def scale(rank, world, cases):
+    """Every collective on one group of many ranks, checked exactly; then the
+    threads and descriptors this rank holds."""
+    import workers
+
+    _init(timeout_s=240)
+    failures = {}
+    for name in cases:
+        try:
+            workers.run_case(name, rank, world)
+        except Exception as e:  # noqa: BLE001
+            failures[name] = f"{type(e).__name__}: {e}"
+    threads = int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("Threads:")))
+    names = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+    fds = len(os.listdir("/proc/self/fd"))
+    dist.destroy_process_group()
+    return {"failures": failures, "threads": threads, "thread_names": names, "fds": fds}

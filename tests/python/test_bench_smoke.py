@@ -34,7 +34,7 @@ def test_quick_suite_runs_every_experiment_and_reports(tmp_path):
     md = (out / "results.md").read_text()
     pngs = sorted(p.name for p in (out / "results").glob("*.png"))
     for name in ("p2p_paths", "chunk_size", "models", "load_balance", "detection", "resiliency", "latency",
-                 "overheads"):
+                 "overheads", "footprint"):
         assert f"{name}.png" in pngs, pngs
         assert f"results/{name}.png" in md
     assert any(p.startswith("collectives_") for p in pngs), pngs

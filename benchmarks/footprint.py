@@ -1,0 +1,169 @@
+"""What a rank costs: threads, file descriptors, memory and set-up time per
+rank as the group grows, and CPU time per GB reduced -- maestro and gloo side
+by side, on this host's loopback (no lab, no root needed for this part).
+
+    python benchmarks/footprint.py                  # both parts, printed as JSON
+    python benchmarks/footprint.py --quick          # small (smoke test)
+    scripts/bench.sh --only footprint               # recorded through the suite into docs/results.md
+
+Footprint: for each world size, a fresh group of each backend (separate
+launches, interleaved: maestro, gloo, maestro, ...), maestro with 2 paths per
+peer (MAESTRO_VNICS=127.0.0.1,127.0.0.2); every rank reports after one small
+allreduce. CPU: both backends' groups in the same processes, 64 MiB
+allreduces timed alternately in rounds; getrusage of each process (all its
+threads) over each backend's loop, summed over the ranks, per GB of tensor
+reduced; maestro runs with its defaults (4 loopback paths).
+
+The rank side runs under torch.distributed.run: footprint.py rank ARGS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKENDS = ("maestro", "gloo")
+
+
+# ---------------------------------------------------------------- rank side
+
+def _proc_status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def _cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def rank_footprint(backend: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    dist.init_process_group(backend)
+    dist.all_reduce(torch.ones(1024))
+    setup = time.perf_counter() - t0
+    mine = {"setup_s": setup, "threads": _proc_status("Threads"), "fds": len(os.listdir("/proc/self/fd")),
+            "rss_MB": _proc_status("VmRSS") / 1024.0}
+    rows = [None] * dist.get_world_size()
+    dist.all_gather_object(rows, mine)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"backend": backend, "world": dist.get_world_size(), "ranks": rows}), flush=True)
+    dist.destroy_process_group()
+
+
+def rank_cpu(size: int, rounds: int, iters: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    groups = {"maestro": dist.new_group(backend="maestro"), "gloo": dist.new_group(backend="gloo")}
+    n = dist.get_world_size()
+    x = torch.ones(size // 4)
+    for g in groups.values():
+        dist.all_reduce(x, group=g)  # registration, connections, warm caches
+    samples = {b: [] for b in groups}  # per round: (wall s, this rank's CPU s)
+    for _ in range(rounds):
+        for name, g in groups.items():
+            dist.barrier(group=g)
+            c0, t0 = _cpu_seconds(), time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x, group=g)
+            samples[name].append((time.perf_counter() - t0, _cpu_seconds() - c0))
+    everyone = [None] * n
+    dist.all_gather_object(everyone, samples)
+    if dist.get_rank() == 0:
+        out = {"world": n, "bytes": size, "iters": iters, "rounds": rounds, "backends": {}}
+        for name in groups:
+            per_round = []
+            for k in range(rounds):
+                wall = max(everyone[r][name][k][0] for r in range(n))
+                cpu = sum(everyone[r][name][k][1] for r in range(n))
+                gb = size * iters / 1e9
+                per_round.append({"wall_s": wall, "cpu_s": cpu, "cpu_s_per_GB": cpu / gb,
+                                  "busbw_GBps": size * iters / wall / 1e9 * 2 * (n - 1) / n})
+            out["backends"][name] = per_round
+        print("RESULT " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- driver
+
+def launch(world: int, argv: list[str], env: dict | None = None, timeout: float = 600) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           os.path.abspath(__file__), "rank", *argv]
+    e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without a result:\n{p.stderr[-3000:]}")
+
+
+def footprint(worlds: list[int], trials: int) -> dict:
+    runs = []
+    for trial in range(trials):
+        for world in worlds:
+            for backend in BACKENDS:
+                env = {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2"} if backend == "maestro" else {}
+                rec = launch(world, ["footprint", backend], env)
+                rec["trial"] = trial
+                runs.append(rec)
+                print(f"footprint: {backend} x{world} trial {trial}: threads "
+                      f"{max(r['threads'] for r in rec['ranks'])}, fds {max(r['fds'] for r in rec['ranks'])}",
+                      file=sys.stderr, flush=True)
+    return {"paths": 2, "worlds": worlds, "trials": trials, "runs": runs}
+
+
+def cpu_cost(worlds: list[int], size: int, rounds: int, iters: int) -> dict:
+    out = []
+    for world in worlds:
+        rec = launch(world, ["cpu", "--size", str(size), "--rounds", str(rounds), "--iters", str(iters)])
+        out.append(rec)
+        med = {b: statistics.median(r["busbw_GBps"] for r in rec["backends"][b]) for b in BACKENDS}
+        print(f"cpu: x{world}: busbw maestro {med['maestro']:.2f} GB/s, gloo {med['gloo']:.2f} GB/s",
+              file=sys.stderr, flush=True)
+    return {"runs": out}
+
+
+def measure(quick: bool) -> dict:
+    """Both parts, as the suite records them."""
+    if quick:
+        return {"footprint": footprint([2, 4], 1), "cpu": cpu_cost([2], 16 << 20, 2, 2)}
+    return {"footprint": footprint([2, 4, 8, 16, 32], 3), "cpu": cpu_cost([2, 4], 64 << 20, 5, 3)}
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "rank":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("what", choices=["footprint", "cpu"])
+        ap.add_argument("backend", nargs="?")
+        ap.add_argument("--size", type=int, default=64 << 20)
+        ap.add_argument("--rounds", type=int, default=5)
+        ap.add_argument("--iters", type=int, default=3)
+        a = ap.parse_args(sys.argv[2:])
+        if a.what == "footprint":
+            rank_footprint(a.backend)
+        else:
+            rank_cpu(a.size, a.rounds, a.iters)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    print(json.dumps(measure(args.quick), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

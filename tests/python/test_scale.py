@@ -1,0 +1,37 @@
+"""Groups larger than the lab: 16 and 32 rank processes on this host, 2
+loopback paths each, run every collective exactly; and what a rank holds
+stays O(1) in threads (one event loop drives every path) and O(peers x paths)
+in descriptors (the full mesh of sockets, nothing per path beyond it)."""
+import pytest
+
+import scenarios
+from launcher import run_ranks
+
+CASES = ["allreduce-sum-float32-100003", "allreduce-max-int64-1", "allreduce-avg-bfloat16-1048583",
+         "reduce_scatter-sum-float32-1", "reduce_scatter_tensor-min-int32-100003",
+         "all_gather-float32-100003", "all_gather_into_tensor-int8-1", "broadcast-float64-100003",
+         "broadcast-root0", "barrier", "allreduce_coalesced", "allreduce-noncontiguous"]
+# At 32 ranks only small tensors: each rank builds every rank's data to check
+# its result, and 32 torch processes already take most of this host's memory.
+SMALL = ["allreduce-sum-float32-1", "allreduce-max-int64-1", "reduce_scatter-sum-float32-1",
+         "reduce_scatter_tensor-min-int32-1", "all_gather-float32-1", "all_gather_into_tensor-int8-1",
+         "broadcast-float64-1", "broadcast-root0", "barrier", "allreduce_coalesced"]
+PATHS = 2
+ENV = {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2", "OMP_NUM_THREADS": "1"}
+# Per rank beyond the sockets of the mesh: python's own, a listener per vNIC,
+# the event loop's epoll and eventfd, the acceptor's wake pipe, the store.
+OTHER_FDS = 20
+MAX_THREADS = 20
+
+
+@pytest.mark.parametrize("world,cases", [(16, CASES), (32, SMALL)], ids=["16", "32"])
+def test_every_collective_at_scale(world, cases):
+    results = run_ranks(world, scenarios.scale, cases, env=ENV, timeout=600)
+    for rank, (status, value) in enumerate(results):
+        assert status == "ok", f"rank {rank} {status}: {value}"
+        assert not value["failures"], f"rank {rank}: {value['failures']}"
+        assert value["threads"] <= MAX_THREADS, f"rank {rank}: {value['threads']} threads: {value['thread_names']}"
+        mesh = PATHS * (world - 1)
+        assert value["fds"] <= mesh + OTHER_FDS, f"rank {rank}: {value['fds']} descriptors for {mesh} paths"
+    print(f"{world} ranks: threads {max(v['threads'] for _, v in results)}, "
+          f"descriptors {max(v['fds'] for _, v in results)} (paths {PATHS * (world - 1)})")
