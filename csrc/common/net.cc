@@ -184,11 +184,9 @@ std::string congestionOf(int fd) {
   return std::string(name);
 }
 
-int listenOn(const std::string& ip, uint16_t port, int backlog) {
+int listenOn(const std::string& ip, uint16_t port, int backlog, bool share_port) {
   SockAddr addr = parseAddress(ip, port);
-  // Reusable: route discovery probes the reverse direction of a path with a
-  // SYN from this listener's own address and port.
-  int fd = bindReusable(addr, "listen on");
+  int fd = bindTo(addr, "listen on", share_port);
   if (::listen(fd, backlog) != 0) {
     int err = errno;
     ::close(fd);
@@ -279,12 +277,14 @@ bool waitReadable(int fd, Deadline deadline) {
   }
 }
 
-int bindReusable(const SockAddr& addr, const char* purpose) {
+int bindReusable(const SockAddr& addr, const char* purpose) { return bindTo(addr, purpose, true); }
+
+int bindTo(const SockAddr& addr, const char* purpose, bool share_port) {
   int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
   MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
   int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // a restarted job binds past TIME_WAIT
+  if (share_port) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   if (::bind(fd, addr.get(), addr.length) != 0) {
     int err = errno;
     ::close(fd);

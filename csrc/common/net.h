@@ -30,7 +30,10 @@ SockAddr localAddress(int fd);
 SockAddr peerAddress(int fd);
 
 // A listening TCP socket bound to ip:port (port 0: ephemeral). Returns the fd.
-int listenOn(const std::string& ip, uint16_t port, int backlog = 128);
+// share_port: SO_REUSEPORT, so that a route probe (discovery) can send a SYN
+// from the listener's own address and port; off, no other socket can bind
+// that port while it listens.
+int listenOn(const std::string& ip, uint16_t port, int backlog = 128, bool share_port = false);
 // Connect from local_ip (bind before connect, ephemeral port) to `remote`
 // before the deadline. Throws maestro::Error saying which address failed.
 int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline, uint16_t local_port = 0);
@@ -38,6 +41,8 @@ int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline de
 // route probe can share its address and port (discovery). A failure says
 // "cannot <purpose> <addr>: <why>".
 int bindReusable(const SockAddr& addr, const char* purpose = "bind");
+// A TCP socket bound to `addr` (SO_REUSEADDR; SO_REUSEPORT if share_port).
+int bindTo(const SockAddr& addr, const char* purpose = "bind", bool share_port = false);
 // A TTL-limited SYN from `local` (bound with reuse) to `remote`, non-blocking
 // and with IP_RECVERR on: the router where the TTL runs out answers with an
 // ICMP time-exceeded that readIcmpOffender() returns. Returns the fd.

@@ -16,6 +16,9 @@ class Rendezvous {
   virtual std::string get(const std::string& key, Deadline deadline) = 0;
   // Non-blocking: the value if the key exists.
   virtual bool tryGet(const std::string& key, std::string* value) = 0;
+  // Remove a key (a secret nobody needs any more). Where a store cannot
+  // delete, its value is blanked.
+  virtual void erase(const std::string& key) { set(key, ""); }
 };
 
 }  // namespace maestro

@@ -148,6 +148,7 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     options.max_inflight_per_path = config.window;
     options.busy_poll = config.busy_poll;
     options.tcp_congestion = net::chooseCongestion(config.tcp_congestion, &mesh.congestion_why);
+    options.share_listen_ports = config.discovery == "ttl";
     std::string secret_hex;
     if (rank_ == 0) {
       for (size_t i = 0; i < options.secret.size(); i += 8) {
@@ -389,6 +390,11 @@ void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink
     for (const auto& a : mesh.vnics.addresses) mine += (mine.empty() ? "" : ",") + mesh.transport->listen(a);
     std::vector<std::vector<std::string>> endpoints;
     for (const auto& e : allGather("endpoints", mine)) endpoints.push_back(splitList(e));
+    mesh.transport->expectPeers(endpoints);
+    // Every rank published its endpoints after it read the group secret:
+    // the store need not keep it (anyone who can read the store could
+    // otherwise present it).
+    if (rank_ == 0) store_.erase(key("secret", 0));
 
     const int P = mesh.paths;
     mesh.initiator.assign(size_, false);

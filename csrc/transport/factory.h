@@ -19,6 +19,7 @@ struct TransportOptions {
   int max_inflight_per_path = 8;   // writes outstanding per path (verbs: send queue depth)
   bool busy_poll = false;          // spin: verbs on its CQ, tcp in the process's event loop
   std::string tcp_congestion;      // tcp: congestion control of every path ("" = the kernel's default)
+  bool share_listen_ports = false; // tcp: SO_REUSEPORT on listeners (route discovery probes from them)
 };
 
 // kind: "tcp" or "verbs".

@@ -156,6 +156,11 @@ class Transport {
   virtual void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) = 0;
   // Wait until `count` paths were accepted from peers (or the deadline).
   virtual void awaitAccepted(size_t count, Deadline deadline) = 0;
+  // The endpoints every rank published (endpoints[rank][i], "ip:port"): an
+  // accepted path `path` from `rank` must come from the address of
+  // endpoints[rank][path % size], the vNIC that rank opens it from. Until
+  // this is called, hellos with the right secret wait; none is installed.
+  virtual void expectPeers(const std::vector<std::vector<std::string>>& endpoints) {}
   // Addresses a path uses, for the path table ("ip:port").
   virtual std::string describePath(int peer, int path) const = 0;
   // The sysfs directory of the NIC port the path runs on, whose congestion

@@ -61,6 +61,19 @@ TEST(EngineControl, MessagesOnAPathClosedUnderThemStillArrive) {
   }
 }
 
+// The group secret is in the store only until every rank has it: whoever
+// can read the store later cannot present it.
+TEST(EngineSetup, TheGroupSecretLeavesTheStoreOnceEveryRankHasIt) {
+  MemoryRendezvous store;
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  auto errors = runRanks(2, [&](int r) {
+    engines[r] = std::make_unique<Engine>(std::map<std::string, std::string>{{"paths", "2"}}, store, r, 2, after(30));
+  });
+  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  EXPECT_TRUE(store.has("maestro/endpoints/0"));
+  EXPECT_FALSE(store.has("maestro/secret/0"));
+}
+
 // A peer's "this path is dead" notice can arrive after the path was already
 // reconnected (it travels on another path, the reconnect on its own). The
 // engine probes before it believes it: a path that answers stays up.

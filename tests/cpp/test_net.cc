@@ -25,6 +25,22 @@ int inChild(const std::function<int()>& body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
 }
 
+// A listener's port is its own unless it is shared on purpose: route
+// discovery sends SYNs from the listener's address and port (the reverse
+// direction of a path), which only SO_REUSEPORT on both sockets allows.
+TEST(Listener, PortIsNotSharedUnlessAsked) {
+  int own = net::listenOn("127.0.0.1", 0);
+  net::SockAddr at = net::localAddress(own);
+  EXPECT_THROW(::close(net::bindReusable(at)), Error) << "another socket bound a listener's port";
+  ::close(own);
+  int shared = net::listenOn("127.0.0.1", 0, 16, true);
+  at = net::localAddress(shared);
+  int probe = net::startProbe(net::parseEndpoint(at.str()), net::parseEndpoint("127.0.0.1:9"), 1);
+  EXPECT_GE(probe, 0);
+  ::close(probe);
+  ::close(shared);
+}
+
 TEST(Descriptors, SoftLimitIsRaisedTowardsTheHardOne) {
   EXPECT_EQ(0, inChild([] {
     rlimit l{64, 4096};

@@ -2,6 +2,7 @@
 // paths, plus what only TCP has: the hello handshake, and frames crafted by
 // hand on a raw socket that must be rejected without a byte landing.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ class RawPeer : public ::testing::Test {
     configure(o);
     t_ = transport::makeTransport("tcp", o);
     endpoint_ = t_->listen("127.0.0.1");
+    t_->expectPeers({{"127.0.0.1:1"}, {endpoint_}});  // rank 0 connects from 127.0.0.1
     memory_.assign(4096 + 2 * kGuard, 0x5C);
     region_ = t_->registerMemory(memory_.data() + kGuard, 4096);
     key_ = t_->expose(region_);
@@ -101,6 +103,131 @@ TEST_F(RawPeer, HelloFromOutOfRangeRankIsRefused) {
   EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadRank), hello(5, 0));
   ::close(fd_);
   EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadRank), hello(1, 0));  // itself
+}
+
+// Connections that are not maestro peers -- half a hello, random bytes,
+// silence -- hold only themselves: a legitimate hello behind them is
+// answered at once, and shutdown does not wait for them.
+TEST_F(RawPeer, StrangersDoNotDelayALegitimatePathOrShutdown) {
+  auto ep = net::parseEndpoint(endpoint_);
+  int half = net::connectFrom("127.0.0.1", ep, after(5));
+  HelloWire h;
+  net::writeFull(half, &h, 10);  // 10 of 48 bytes, then nothing
+  int noise = net::connectFrom("127.0.0.1", ep, after(5));
+  std::vector<uint8_t> junk(48);
+  for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<uint8_t>(i * 37 + 11);
+  net::writeFull(noise, junk.data(), junk.size());
+  int silent = net::connectFrom("127.0.0.1", ep, after(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them arrive first
+  fd_ = net::connectFrom("127.0.0.1", ep, after(5));
+  for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = secret_[i];
+  h.rank = 0;
+  h.path = 0;
+  net::writeFull(fd_, &h, sizeof h);
+  ASSERT_TRUE(net::waitReadable(fd_, after(1))) << "the hello waited behind the strangers";
+  HelloReply r;
+  ASSERT_TRUE(net::readFull(fd_, &r, sizeof r));
+  EXPECT_EQ(0u, r.status);
+  HelloReply refused;
+  ASSERT_TRUE(net::waitReadable(noise, after(1)));
+  ASSERT_TRUE(net::readFull(noise, &refused, sizeof refused)) << "random bytes get an answer";
+  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadMagic), refused.status);
+  auto start = Clock::now();
+  t_->shutdown();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(1)) << "shutdown waited for a stranger";
+  for (int fd : {half, noise, silent}) ::close(fd);
+}
+
+// A connection that presents no (whole) hello is closed at the deadline.
+TEST_F(RawPeer, AConnectionWithoutAHelloIsClosedAtTheDeadline) {
+  auto ep = net::parseEndpoint(endpoint_);
+  int silent = net::connectFrom("127.0.0.1", ep, after(5));
+  int half = net::connectFrom("127.0.0.1", ep, after(5));
+  HelloWire h;
+  net::writeFull(half, &h, 47);
+  for (int fd : {silent, half}) {
+    ASSERT_TRUE(net::waitReadable(fd, after(5))) << "still open after 5 s";
+    char byte;
+    EXPECT_EQ(0, ::recv(fd, &byte, 1, 0)) << "closed, with no answer";
+    ::close(fd);
+  }
+}
+
+// More silent connections than may wait at once: the oldest give way, and
+// a legitimate hello that comes after all of them is answered at once.
+TEST_F(RawPeer, AFloodOfSilentConnectionsDoesNotLockOutAPeer) {
+  auto ep = net::parseEndpoint(endpoint_);
+  std::vector<int> flood;
+  for (int i = 0; i < 100; ++i) flood.push_back(net::connectFrom("127.0.0.1", ep, after(5)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  fd_ = net::connectFrom("127.0.0.1", ep, after(5));
+  HelloWire h;
+  for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = secret_[i];
+  h.rank = 0;
+  h.path = 0;
+  net::writeFull(fd_, &h, sizeof h);
+  ASSERT_TRUE(net::waitReadable(fd_, after(1))) << "the hello waited behind the flood";
+  HelloReply r;
+  ASSERT_TRUE(net::readFull(fd_, &r, sizeof r));
+  EXPECT_EQ(0u, r.status);
+  size_t closed = 0;
+  for (int fd : flood) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) == 1) ++closed;
+    ::close(fd);
+  }
+  EXPECT_GE(closed, 100u - 64u) << "the oldest waiting connections give way";
+}
+
+// A hello with the right secret from an address that rank did not publish
+// for the path is refused: the secret alone does not make a peer.
+TEST_F(RawPeer, HelloFromAnotherAddressIsRefused) {
+  int fd = net::connectFrom("127.0.0.2", net::parseEndpoint(endpoint_), after(5));
+  HelloWire h;
+  for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = secret_[i];
+  h.rank = 0;
+  h.path = 0;
+  net::writeFull(fd, &h, sizeof h);
+  HelloReply r;
+  ASSERT_TRUE(net::readFull(fd, &r, sizeof r));
+  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadAddress), r.status);
+  ::close(fd);
+  // Nor does it replace a live connection of that path.
+  ASSERT_EQ(0u, hello(0, 0));
+  fd = net::connectFrom("127.0.0.2", net::parseEndpoint(endpoint_), after(5));
+  net::writeFull(fd, &h, sizeof h);
+  ASSERT_TRUE(net::readFull(fd, &r, sizeof r));
+  EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadAddress), r.status);
+  ::close(fd);
+  EXPECT_FALSE(net::waitReadable(fd_, after(0.3))) << "the live connection was closed";
+  std::lock_guard<std::mutex> lock(sink_.mu);
+  EXPECT_TRUE(sink_.errors.empty()) << sink_.errors[0];
+}
+
+// Before the ranks' endpoints are known, a hello with the right secret is
+// neither refused nor installed: it waits for them.
+TEST(TcpHello, AHelloBeforeThePeersAreKnownWaitsForThem) {
+  RecordingSink sink;
+  transport::TransportOptions o;
+  o.rank = 1;
+  o.world_size = 2;
+  o.sink = &sink;
+  auto t = transport::makeTransport("tcp", o);
+  std::string endpoint = t->listen("127.0.0.1");
+  int fd = net::connectFrom("127.0.0.1", net::parseEndpoint(endpoint), after(5));
+  HelloWire h;  // the secret is all zeros, like the transport's
+  h.rank = 0;
+  h.path = 0;
+  net::writeFull(fd, &h, sizeof h);
+  EXPECT_FALSE(net::waitReadable(fd, after(0.3))) << "answered before the peers' addresses were known";
+  t->expectPeers({{"127.0.0.1:1"}, {endpoint}});
+  ASSERT_TRUE(net::waitReadable(fd, after(5)));
+  HelloReply r;
+  ASSERT_TRUE(net::readFull(fd, &r, sizeof r));
+  EXPECT_EQ(0u, r.status);
+  t->awaitAccepted(1, after(5));
+  t->shutdown();
+  ::close(fd);
 }
 
 // A second hello for a connected path is a reconnect (the peer saw the old

@@ -38,6 +38,14 @@ class MemoryRendezvous : public Rendezvous {
     *value = it->second;
     return true;
   }
+  void erase(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_.erase(key);
+  }
+  bool has(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kv_.count(key) > 0;
+  }
 
  private:
   std::mutex mu_;

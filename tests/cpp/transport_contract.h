@@ -3,6 +3,8 @@
 // ContractParam naming the transport and the vNIC addresses to use.
 #pragma once
 
+#include "common/net.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -50,6 +52,10 @@ class TransportContract : public ::testing::TestWithParam<ContractParam> {
     }
     std::vector<std::string> endpoints;
     for (const auto& a : p.vnics) endpoints.push_back(t_[1]->listen(a));
+    // Rank 0 opens path i from vnics[i] (the endpoints it would publish).
+    std::vector<std::string> rank0;
+    for (const auto& a : p.vnics) rank0.push_back(net::parseAddress(a, 1).str());
+    t_[1]->expectPeers({rank0, endpoints});
     transport::Hello hello;
     std::memcpy(hello.secret, secret_.data(), secret_.size());
     hello.rank = 0;

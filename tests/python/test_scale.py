@@ -19,7 +19,7 @@ SMALL = ["allreduce-sum-float32-1", "allreduce-max-int64-1", "reduce_scatter-sum
 PATHS = 2
 ENV = {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2", "OMP_NUM_THREADS": "1"}
 # Per rank beyond the sockets of the mesh: python's own, a listener per vNIC,
-# the event loop's epoll and eventfd, the acceptor's wake pipe, the store.
+# the event loop's epoll and eventfd, the store.
 OTHER_FDS = 20
 MAX_THREADS = 20
 

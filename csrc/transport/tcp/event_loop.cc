@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <future>
 #include <vector>
 
@@ -109,6 +110,14 @@ void EventLoop::post(std::function<void()> task) {
   wake();
 }
 
+void EventLoop::postAfter(std::chrono::milliseconds delay, std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timers_.emplace(std::chrono::steady_clock::now() + delay, std::move(task));
+  }
+  wake();  // the loop may be sleeping past the new deadline
+}
+
 void EventLoop::quiesce() {
   if (inLoopThread() || stopping_.load()) return;
   auto done = std::make_shared<std::promise<void>>();
@@ -133,7 +142,16 @@ void EventLoop::run() {
   epoll_event events[kMaxEvents];
   std::deque<std::function<void()>> tasks;
   while (!stopping_.load()) {
-    int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, busy_pollers_.load() > 0 ? 0 : -1);
+    int timeout = busy_pollers_.load() > 0 ? 0 : -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!timers_.empty() && timeout != 0) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(timers_.begin()->first -
+                                                                          std::chrono::steady_clock::now());
+        timeout = static_cast<int>(std::max<long long>(0, left.count() + 1));  // +1: never wake early
+      }
+    }
+    int n = ::epoll_wait(epoll_fd_, events, kMaxEvents, timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
       MAESTRO_WARN("tcp event loop: epoll_wait failed: ", net::errnoText(errno));
@@ -163,6 +181,11 @@ void EventLoop::run() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       tasks.swap(tasks_);
+      const auto now = std::chrono::steady_clock::now();
+      while (!timers_.empty() && timers_.begin()->first <= now) {
+        tasks.push_back(std::move(timers_.begin()->second));
+        timers_.erase(timers_.begin());
+      }
     }
     for (auto& task : tasks) {
       try {

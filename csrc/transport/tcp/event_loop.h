@@ -27,10 +27,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -67,6 +69,9 @@ class EventLoop {
   void remove(uint64_t id, int fd);
   // Run `task` on the loop thread, soon.
   void post(std::function<void()> task);
+  // Run `task` on the loop thread once `delay` has passed (a deadline: a
+  // task must check itself whether what it guards is still there).
+  void postAfter(std::chrono::milliseconds delay, std::function<void()> task);
   // Return once every handler call and task that was in progress or queued
   // when it was called has finished (no-op on the loop thread). What a
   // transport calls before its completion sink may go away.
@@ -87,6 +92,7 @@ class EventLoop {
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Handler>> handlers_;
   std::deque<std::function<void()>> tasks_;
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> timers_;
   uint64_t next_id_ = 1;
   std::atomic<int> busy_pollers_{0};
   std::atomic<bool> stopping_{false};

@@ -67,6 +67,7 @@ const char* helloStatusText(HelloStatus status) {
     case HelloStatus::kBadRank: return "rank out of range";
     case HelloStatus::kBadPath: return "path index out of range";
     case HelloStatus::kDuplicate: return "this path is already connected";
+    case HelloStatus::kBadAddress: return "not from the address that rank published for this path";
   }
   return "unknown status";
 }

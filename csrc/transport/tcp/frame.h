@@ -73,6 +73,7 @@ enum class HelloStatus : uint32_t {
   kBadRank = 4,
   kBadPath = 5,
   kDuplicate = 6,
+  kBadAddress = 7,
 };
 struct HelloReply {
   uint32_t magic = kHelloMagic;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "common/error.h"
@@ -19,8 +20,15 @@ namespace transport {
 namespace tcp {
 namespace {
 
-// A connecting peer gets this long to present its hello.
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
+// A connecting peer gets this long to present its hello (it sends it right
+// after connecting, so a legitimate one takes a round trip).
+constexpr auto kHelloTimeout = std::chrono::milliseconds(2000);
+// Connections whose hello is still being read, per transport. A new one
+// beyond this gives up the oldest: a flood of silent connections costs
+// each of them its slot, never a legitimate path its turn.
+constexpr size_t kMaxPendingHellos = 64;
+// Refusals warned about per transport; later ones are traced only.
+constexpr size_t kRefusalsWarned = 8;
 
 bool sameSecret(const uint8_t* a, const uint8_t* b, size_t n) {
   uint8_t diff = 0;  // constant time: no early exit on the first difference
@@ -30,93 +38,244 @@ bool sameSecret(const uint8_t* a, const uint8_t* b, size_t n) {
 
 }  // namespace
 
+// A listening socket on the event loop: accepts every connection waiting.
+class TcpTransport::Listener : public EventLoop::Handler {
+ public:
+  Listener(TcpTransport* owner, int fd) : owner_(owner), fd_(fd) {}
+  ~Listener() override { ::close(fd_); }
+  int fd() const { return fd_; }
+  void stop() { stopped_ = true; }
+  void onEvents(uint32_t) override {
+    for (;;) {
+      if (stopped_) return;  // the transport is shutting down: owner_ may go
+      int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+          MAESTRO_WARN("tcp listener: accept failed: ", net::errnoText(errno));  // e.g. EMFILE: retried
+        return;
+      }
+      owner_->startHello(fd);
+    }
+  }
+
+ private:
+  TcpTransport* const owner_;
+  const int fd_;
+  std::atomic<bool> stopped_{false};
+};
+
+// One accepted connection until its hello is complete: reads what has
+// arrived, never waits for the rest.
+class TcpTransport::HelloReader : public EventLoop::Handler,
+                                  public std::enable_shared_from_this<HelloReader> {
+ public:
+  HelloReader(TcpTransport* owner, int fd) : owner_(owner), fd_(fd), from_(net::peerAddress(fd).str()) {}
+  ~HelloReader() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int fd() const { return fd_; }
+  const std::string& from() const { return from_; }
+  const HelloWire& hello() const { return hello_; }
+  uint64_t id = 0;  // registration on the loop
+  // Whoever sets this first owns the end of the handshake (the loop on a
+  // complete hello or the deadline, or shutdown); the others do nothing.
+  bool claim() { return !finished_.exchange(true); }
+  // The descriptor passes to whoever installs the path.
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void onEvents(uint32_t) override {
+    auto* bytes = reinterpret_cast<uint8_t*>(&hello_);
+    while (got_ < sizeof hello_) {
+      ssize_t n = ::recv(fd_, bytes + got_, sizeof hello_ - got_, 0);
+      if (n > 0) {
+        got_ += static_cast<size_t>(n);
+      } else if (n == 0) {
+        return end(false, "closed before its hello");
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        return;  // the rest later (or the deadline)
+      } else {
+        return end(false, strcat("reset by the peer before its hello (", net::errnoText(errno), ")"));
+      }
+    }
+    end(true, "");
+  }
+  void expire() { end(false, strcat("sent ", got_, " of the ", sizeof hello_, " bytes of a hello within ", kHelloTimeout.count(), " ms")); }
+
+ private:
+  void end(bool complete, const std::string& why) {
+    if (!claim()) return;
+    owner_->finishHello(shared_from_this(), complete, why);
+  }
+  TcpTransport* const owner_;
+  int fd_;
+  const std::string from_;
+  HelloWire hello_;
+  size_t got_ = 0;
+  std::atomic<bool> finished_{false};
+};
+
 TcpTransport::TcpTransport(const TransportOptions& options) : options_(options), loop_(EventLoop::shared()) {
   MAESTRO_CHECK(options_.sink != nullptr, "TcpTransport needs a completion sink");
   if (options_.busy_poll) loop_->busyPoll(true);
-  MAESTRO_CHECK(::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) == 0, "pipe: ", net::errnoText(errno));
 }
 
 TcpTransport::~TcpTransport() {
   shutdown();
   if (options_.busy_poll) loop_->busyPoll(false);
-  ::close(wake_pipe_[0]);
-  ::close(wake_pipe_[1]);
 }
 
 std::string TcpTransport::listen(const std::string& local_addr) {
-  int fd = net::listenOn(local_addr, 0);
+  int fd = net::listenOn(local_addr, 0, 128, options_.share_listen_ports);
   std::string endpoint = net::localAddress(fd).str();
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("listen on ", endpoint, ": cannot make the socket non-blocking: ", net::errnoText(err));
+  }
+  auto listener = std::make_shared<Listener>(this, fd);
   std::lock_guard<std::mutex> lock(mu_);
-  listeners_.push_back(fd);
-  if (!acceptor_.joinable()) acceptor_ = std::thread([this] { acceptLoop(); });
-  char b = 1;
-  ssize_t ignored = ::write(wake_pipe_[1], &b, 1);  // re-poll with the new listener
-  (void)ignored;
+  MAESTRO_CHECK(!stopping_, "listen on ", endpoint, ": the transport is shut down");
+  listeners_.emplace_back(loop_->add(fd, listener, false), listener);
   return endpoint;
 }
 
-void TcpTransport::acceptLoop() {
-  nameThisThread("maestro-accept");
-  for (;;) {
-    std::vector<pollfd> fds;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      fds.push_back({wake_pipe_[0], POLLIN, 0});
-      for (int l : listeners_) fds.push_back({l, POLLIN, 0});
-    }
-    int r = ::poll(fds.data(), fds.size(), 1000);
-    if (r < 0 && errno != EINTR) {
-      MAESTRO_WARN("tcp acceptor: poll failed: ", net::errnoText(errno));
+void TcpTransport::startHello(int fd) {
+  std::shared_ptr<HelloReader> reader;
+  try {
+    reader = std::make_shared<HelloReader>(this, fd);
+  } catch (const Error&) {  // getpeername failed: the connection is already gone
+    ::close(fd);
+    return;
+  }
+  // On the loop thread (the listener's call): no event of `fd` is handled
+  // before this returns.
+  const uint64_t id = loop_->add(fd, reader, false);
+  std::shared_ptr<HelloReader> oldest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      loop_->remove(id, fd);  // `reader` closes it
       return;
     }
-    if (fds[0].revents & POLLIN) {
-      char buf[64];
-      while (::read(wake_pipe_[0], buf, sizeof buf) > 0) {
-      }
-    }
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (!(fds[i].revents & POLLIN)) continue;
-      int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      try {
-        handshake(fd);
-      } catch (const Error& e) {
-        // A route probe that reached us (same leaf) connects and resets at
-        // once: not worth a warning.
-        std::string what = e.what();
-        if (what.find("before its hello") != std::string::npos || what.find("reset by the peer") != std::string::npos)
-          MAESTRO_TRACE("a connection closed before its hello (a route probe?): ", e.what());
-        else
-          MAESTRO_WARN("refused a connection: ", e.what());
-        ::close(fd);
-      }
-    }
+    reader->id = id;
+    if (hellos_.size() >= kMaxPendingHellos) oldest = hellos_.front();
+    hellos_.push_back(reader);
+  }
+  if (oldest && oldest->claim())
+    finishHello(oldest, false, strcat("gave up on its hello: more than ", kMaxPendingHellos,
+                                      " connections were waiting to present theirs"));
+  std::weak_ptr<HelloReader> weak = reader;
+  loop_->postAfter(kHelloTimeout, [weak] {
+    if (auto r = weak.lock()) r->expire();
+  });
+}
+
+void TcpTransport::finishHello(const std::shared_ptr<HelloReader>& reader, bool complete, const std::string& why) {
+  loop_->remove(reader->id, reader->fd());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hellos_.erase(std::remove(hellos_.begin(), hellos_.end(), reader), hellos_.end());
+  }
+  if (!complete) {
+    // A route probe that reached us (same leaf) connects and resets at
+    // once: not worth a warning.
+    if (why.find("before its hello") != std::string::npos)
+      MAESTRO_TRACE("connection from ", reader->from(), " ", why, " (a route probe?)");
+    else if (refused_++ < kRefusalsWarned)
+      MAESTRO_WARN("connection from ", reader->from(), " ", why);
+    return;  // `reader` closes it
+  }
+  try {
+    admit(reader->release(), reader->hello());
+  } catch (const Error& e) {
+    if (refused_++ < kRefusalsWarned) MAESTRO_WARN("refused a connection: ", e.what());
+    else MAESTRO_TRACE("refused a connection: ", e.what());
   }
 }
 
-void TcpTransport::handshake(int fd) {
-  std::string from = net::peerAddress(fd).str();
-  HelloWire hello;
-  if (!net::waitReadable(fd, Clock::now() + kHandshakeTimeout))
-    fail("no hello from ", from, " within ", kHandshakeTimeout.count(), " s");
-  if (!net::readFull(fd, &hello, sizeof hello)) fail("connection from ", from, " closed before its hello");
+void TcpTransport::admit(int fd, const HelloWire& hello) {
+  std::string from;
+  std::string from_ip;
+  try {
+    net::SockAddr peer = net::peerAddress(fd);
+    from = peer.str();
+    from_ip = peer.ip();
+  } catch (const Error& e) {
+    ::close(fd);
+    throw;
+  }
   HelloStatus status = HelloStatus::kOk;
   if (hello.magic != kHelloMagic) status = HelloStatus::kBadMagic;
   else if (hello.version != kProtocolVersion) status = HelloStatus::kBadVersion;
   else if (!sameSecret(hello.secret, options_.secret.data(), options_.secret.size())) status = HelloStatus::kBadSecret;
   else if (hello.rank < 0 || hello.rank >= options_.world_size || hello.rank == options_.rank) status = HelloStatus::kBadRank;
   else if (hello.path < 0 || hello.path >= 1024) status = HelloStatus::kBadPath;
+  if (status == HelloStatus::kOk) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      ::close(fd);
+      return;
+    }
+    if (!peers_known_) {
+      // Secret checked, but not yet where this rank's paths come from: it
+      // waits (the peer waits for our answer) until expectPeers().
+      parked_.push_back({fd, hello});
+      return;
+    }
+    const auto& mine = peer_addresses_[hello.rank];
+    if (mine.empty() || mine[hello.path % mine.size()] != from_ip) status = HelloStatus::kBadAddress;
+  }
   // A hello for a path we still think is up is a reconnect: the peer saw
   // the old connection die first (e.g. a blackhole that only it noticed).
-  // The new connection replaces the old one (install() flushes it).
+  // The new connection replaces the old one (install() flushes it); it
+  // comes from the same address as every connection of that path.
   HelloReply reply;
   reply.status = static_cast<uint32_t>(status);
-  net::writeFull(fd, &reply, sizeof reply);
-  if (status != HelloStatus::kOk)
+  // 8 bytes into the empty send buffer of a fresh connection: never short.
+  if (::send(fd, &reply, sizeof reply, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof reply) &&
+      status == HelloStatus::kOk) {
+    int err = errno;
+    ::close(fd);
+    fail("connection from ", from, " (rank ", hello.rank, " path ", hello.path, "): cannot answer its hello: ",
+         net::errnoText(err));
+  }
+  if (status != HelloStatus::kOk) {
+    ::close(fd);
     fail("connection from ", from, " (claims rank ", hello.rank, " path ", hello.path,
          "): ", helloStatusText(status));
+  }
   install(hello.rank, hello.path, fd, true);
+}
+
+void TcpTransport::expectPeers(const std::vector<std::vector<std::string>>& endpoints) {
+  std::vector<std::vector<std::string>> addresses(endpoints.size());
+  for (size_t r = 0; r < endpoints.size(); ++r)
+    for (const auto& e : endpoints[r]) addresses[r].push_back(net::parseEndpoint(e).ip());
+  MAESTRO_CHECK(addresses.size() == static_cast<size_t>(options_.world_size), "expectPeers: ", addresses.size(),
+                " ranks' endpoints for a world of ", options_.world_size);
+  std::vector<Parked> parked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_addresses_ = std::move(addresses);
+    peers_known_ = true;
+    parked.swap(parked_);
+  }
+  // On the loop, like every other admission: one at a time, in order.
+  for (auto& p : parked)
+    loop_->post([this, p] {
+      try {
+        admit(p.fd, p.hello);
+      } catch (const Error& e) {
+        if (refused_++ < kRefusalsWarned) MAESTRO_WARN("refused a connection: ", e.what());
+      }
+    });
 }
 
 void TcpTransport::install(int peer, int path, int fd, bool accepted) {
@@ -349,7 +508,9 @@ void TcpTransport::closePath(int peer, int path, const std::string& why) { pathF
 
 void TcpTransport::shutdown() {
   std::vector<std::shared_ptr<TcpPath>> paths;
-  std::vector<int> listeners;
+  std::vector<std::pair<uint64_t, std::shared_ptr<Listener>>> listeners;
+  std::vector<std::shared_ptr<HelloReader>> hellos;
+  std::vector<Parked> parked;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
@@ -358,13 +519,17 @@ void TcpTransport::shutdown() {
     for (auto& kv : paths_) paths.push_back(std::move(kv.second));
     paths_.clear();
     listeners.swap(listeners_);
+    hellos.swap(hellos_);
+    parked.swap(parked_);
   }
   accepted_cv_.notify_all();
-  char b = 1;
-  ssize_t ignored = ::write(wake_pipe_[1], &b, 1);
-  (void)ignored;
-  if (acceptor_.joinable()) acceptor_.join();
-  for (int l : listeners) ::close(l);
+  for (auto& l : listeners) {
+    l.second->stop();
+    loop_->remove(l.first, l.second->fd());
+  }
+  for (auto& h : hellos)
+    if (h->claim()) loop_->remove(h->id, h->fd());
+  for (auto& p : parked) ::close(p.fd);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& kv : reserved_) ::close(kv.second);
@@ -372,9 +537,10 @@ void TcpTransport::shutdown() {
   }
   for (auto& p : paths) p->stop();
   paths.clear();
-  // A path's call may still be running on the loop (stop() does not wait
-  // for it), and its completions go to our sink, which the caller is free
-  // to destroy once we return.
+  // A path's, listener's or hello's call may still be running on the loop
+  // (remove() does not wait for it): it refers to this transport, and its
+  // completions go to our sink, which the caller is free to destroy once we
+  // return. Parked admissions posted by expectPeers() run before this too.
   loop_->quiesce();
 }
 

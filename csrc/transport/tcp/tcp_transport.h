@@ -14,6 +14,7 @@
 
 #include "transport/factory.h"
 #include "transport/tcp/event_loop.h"
+#include "transport/tcp/frame.h"
 #include "transport/tcp/region_table.h"
 #include "transport/tcp/tcp_path.h"
 #include "transport/transport.h"
@@ -37,6 +38,7 @@ class TcpTransport : public Transport {
   std::string listen(const std::string& local_addr) override;
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
   void awaitAccepted(size_t count, Deadline deadline) override;
+  void expectPeers(const std::vector<std::vector<std::string>>& endpoints) override;
   std::string describePath(int peer, int path) const override;
   PathCounters pathCounters(int peer, int path) const override;
   bool reconnect(int peer, int path, Deadline deadline) override;
@@ -51,8 +53,14 @@ class TcpTransport : public Transport {
   void shutdown() override;
 
  private:
-  void acceptLoop();
-  void handshake(int fd);
+  class Listener;
+  class HelloReader;
+  // Listener: a connection came in; read its hello on the loop.
+  void startHello(int fd);
+  // HelloReader: the hello is complete (or the connection is given up):
+  // check it, answer, install. Runs on the loop thread.
+  void finishHello(const std::shared_ptr<HelloReader>& reader, bool complete, const std::string& why);
+  void admit(int fd, const HelloWire& hello);
   std::shared_ptr<TcpPath> pathFor(int peer, int path) const;
   void install(int peer, int path, int fd, bool accepted);
   // Connect, present the hello, wait for the answer; returns the fd.
@@ -62,6 +70,10 @@ class TcpTransport : public Transport {
     PathSpec spec;
     Hello hello;
     uint16_t local_port = 0;
+  };
+  struct Parked {  // a hello with the right secret, before expectPeers()
+    int fd;
+    HelloWire hello;
   };
 
   const TransportOptions options_;
@@ -77,11 +89,18 @@ class TcpTransport : public Transport {
   std::vector<std::shared_ptr<TcpPath>> retired_;
   std::map<std::pair<int, int>, Initiated> initiated_;  // paths this side opened
   std::map<std::pair<std::string, uint16_t>, int> reserved_;  // (address, port) -> bound socket
-  std::vector<int> listeners_;
+  // Listening sockets and connections whose hello is being read are
+  // handlers of the event loop, like the paths: no thread per group, and a
+  // connection that sends half a hello (or nothing) holds only itself, for
+  // at most the hello deadline.
+  std::vector<std::pair<uint64_t, std::shared_ptr<Listener>>> listeners_;
+  std::vector<std::shared_ptr<HelloReader>> hellos_;  // oldest first
+  std::vector<Parked> parked_;
+  bool peers_known_ = false;
+  std::vector<std::vector<std::string>> peer_addresses_;  // [rank][i]: ip of its i-th vNIC
   size_t accepted_ = 0;
+  size_t refused_ = 0;  // connections refused or given up (warned about the first few)
   bool stopping_ = false;
-  int wake_pipe_[2] = {-1, -1};
-  std::thread acceptor_;
 };
 
 }  // namespace tcp
