@@ -42,6 +42,13 @@ class StoreRendezvous : public Rendezvous {
       }
     }
   }
+  void erase(const std::string& key) override {
+    try {
+      store_->deleteKey(key);
+    } catch (const c10::Error&) {  // a store that cannot delete: blank the value
+      Rendezvous::erase(key);
+    }
+  }
   bool tryGet(const std::string& key, std::string* value) override {
     try {
       if (!store_->check({key})) return false;
@@ -148,6 +155,7 @@ void ProcessGroupMaestro::shutdown() { stopWorker(true); }
 void ProcessGroupMaestro::abort() { stopWorker(false); }
 
 void ProcessGroupMaestro::stopWorker(bool drain) {
+  std::lock_guard<std::mutex> stop(stop_mu_);
   std::deque<Pending> dropped;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -159,15 +167,34 @@ void ProcessGroupMaestro::stopWorker(bool drain) {
   auto error = std::make_exception_ptr(Error("maestro: the process group was aborted before this operation ran"));
   for (auto& p : dropped) p.work->complete(error);
   worker_.join();
-  cache_.reset();
-  engine_.reset();
+  std::shared_ptr<multipath::RegistrationCache> cache;
+  std::shared_ptr<multipath::Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache.swap(cache_);
+    engine.swap(engine_);
+  }
+  cache.reset();  // its registrations go before the engine's transport
+  // engine: stopped here, or by whoever still holds a copy from live().
+}
+
+std::shared_ptr<multipath::Engine> ProcessGroupMaestro::live(const char* what) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!engine_) fail("maestro ", what, ": the process group was shut down");
+  return engine_;
 }
 
 std::map<std::string, double> ProcessGroupMaestro::cacheStats() const {
-  return {{"entries", static_cast<double>(cache_->size())},
-          {"hits", static_cast<double>(cache_->hits())},
-          {"misses", static_cast<double>(cache_->misses())},
-          {"evictions", static_cast<double>(cache_->evictions())}};
+  std::shared_ptr<multipath::RegistrationCache> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!cache_) fail("maestro registration_cache_stats: the process group was shut down");
+    cache = cache_;
+  }
+  return {{"entries", static_cast<double>(cache->size())},
+          {"hits", static_cast<double>(cache->hits())},
+          {"misses", static_cast<double>(cache->misses())},
+          {"evictions", static_cast<double>(cache->evictions())}};
 }
 
 // ---------------------------------------------------------------- plumbing
@@ -196,7 +223,7 @@ void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
       broken_ = std::make_exception_ptr(Error(msg));
       broken_what_ = msg;
     }
-    engine_->broadcastAbort(seq, msg);
+    if (engine_) engine_->broadcastAbort(seq, msg);  // null: shut down, nobody to tell
   }
   throw Error(msg);
 }

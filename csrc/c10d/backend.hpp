@@ -56,18 +56,22 @@ class ProcessGroupMaestro : public ::c10d::Backend {
                                                          const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
 
-  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  uint64_t getSequenceNumberForGroup() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seq_;
+  }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
   void shutdown() override;
   void abort() override;
 
   // Introspection for maestro_torch.path_stats() and the INFO log.
-  std::vector<multipath::PathStats> pathStats() const { return engine_->pathStats(); }
-  std::string describe() const { return engine_->describeSetup(); }
-  std::string transportName() const { return engine_->transportName(); }
-  int paths() const { return engine_->paths(); }
+  // After shutdown() they raise "the process group was shut down".
+  std::vector<multipath::PathStats> pathStats() const { return live("path_stats")->pathStats(); }
+  std::string describe() const { return live("describe")->describeSetup(); }
+  std::string transportName() const { return live("transport")->transportName(); }
+  int paths() const { return live("paths")->paths(); }
   std::map<std::string, double> cacheStats() const;
-  std::vector<double> chunkTimes(bool clear) { return engine_->chunkTimes(clear); }
+  std::vector<double> chunkTimes(bool clear) { return live("chunk_times")->chunkTimes(clear); }
 
  private:
   using Job = std::function<void(uint64_t seq, Deadline deadline)>;
@@ -85,6 +89,9 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   [[noreturn]] void reject(const char* name, const std::string& why);
   void workerLoop();
   void stopWorker(bool drain);
+  // The engine, or an error naming `what` once the group was shut down
+  // (the caller's copy keeps it alive through a concurrent shutdown).
+  std::shared_ptr<multipath::Engine> live(const char* what) const;
 
   // A registered window over a contiguous CPU tensor, pinned in the
   // registration cache for the scope of an operation. Empty tensors get an
@@ -102,11 +109,12 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   collectives::Window window(const at::Tensor& t);
   void release(const at::Tensor& t);
 
-  std::unique_ptr<multipath::Engine> engine_;
-  std::unique_ptr<multipath::RegistrationCache> cache_;
+  std::shared_ptr<multipath::Engine> engine_;  // guarded by mu_ for threads other than the worker
+  std::shared_ptr<multipath::RegistrationCache> cache_;
   std::atomic<std::chrono::milliseconds> timeout_;
 
-  std::mutex mu_;
+  std::mutex stop_mu_;  // one stopWorker() at a time: a second waits, then finds nothing to stop
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> queue_;
   uint64_t seq_ = 0;

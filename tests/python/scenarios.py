@@ -136,6 +136,36 @@ def path_share(rank, world):
     return {"ok": ok, "stats": stats}
 
 
+def after_shutdown(rank, world):
+    """What a user holding the backend gets once the group is gone, and two
+    threads stopping it at once."""
+    import threading
+
+    import maestro_torch
+
+    _init()
+    backend = maestro_torch.backend_of()
+    dist.barrier()
+    errors = []
+
+    def stop(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=stop, args=(f,)) for f in (backend.shutdown, backend.abort, backend.shutdown)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return {"alive": [t.is_alive() for t in threads], "stop_errors": errors,
+            "path_stats": _error_of(backend.path_stats), "describe": _error_of(backend.describe),
+            "paths": _error_of(lambda: backend.paths),
+            "cache": _error_of(backend.registration_cache_stats),
+            "allreduce": _error_of(lambda: dist.all_reduce(torch.ones(4)))}
+
+
 def options_and_subgroups(rank, world):
     import maestro_torch
 

@@ -163,3 +163,11 @@ def test_ddp_matches_gloo():
             torch.testing.assert_close(torch.tensor(m), torch.tensor(g), rtol=1e-5, atol=1e-6)
     for m0, m1 in zip(maestro[0], maestro[1]):
         assert m0 == m1, "DDP replicas must stay identical"
+
+
+def test_a_shut_down_group_says_so_and_stops_once():
+    for rank, v in enumerate(ok_values(run_ranks(2, scenarios.after_shutdown, timeout=120))):
+        assert v["alive"] == [False, False, False], f"rank {rank}: a concurrent stop hung"
+        assert v["stop_errors"] == [], v["stop_errors"]
+        for key in ("path_stats", "describe", "paths", "cache", "allreduce"):
+            assert "shut down" in v[key], f"rank {rank} {key}: {v[key]!r}"
