@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The evaluation suite (issue 5), from a fresh clone: installs what it needs
+# The evaluation suite, from a fresh clone: installs what it needs
 # into .venv (torch, the extension, matplotlib), runs benchmarks/suite.py on
 # the namespace leaf-spine lab (needs root), then benchmarks/report.py, which
 # turns the JSON into docs/results.md, docs/results/*.png and the headline
