@@ -331,6 +331,37 @@ TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
 // A peer that goes away in the middle of a payload fails the path, and the
 // half-written region is let go: conceal() (which waits for writes in
 // progress) returns.
+// A peer that stops in the middle of a payload (frozen: SIGSTOP, a swap
+// storm) must not hold the region open: closing it returns at once, the
+// rest of that payload is drained when it comes, and the path lives on.
+TEST_F(RawPeer, ConcealDoesNotWaitForAPeerFrozenMidPayload) {
+  ASSERT_EQ(0u, hello(0, 0));
+  FrameHeader frame = transport::tcp::writeFrame(region_.id, key_, 0, 4096, false, 0);
+  net::writeFull(fd_, &frame, sizeof frame);
+  std::vector<uint8_t> head(100, 0xA1);
+  net::writeFull(fd_, head.data(), head.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // landing: the path holds the region
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> concealed = done->get_future();
+  std::thread([this, done] {
+    t_->conceal(region_);
+    done->set_value();
+  }).detach();
+  ASSERT_EQ(std::future_status::ready, concealed.wait_for(std::chrono::seconds(2)))
+      << "conceal() waited for a peer that stopped mid-payload";
+  std::vector<uint8_t> rest(4096 - 100, 0xA2);
+  net::writeFull(fd_, rest.data(), rest.size());  // the peer wakes up
+  // Its write is ACKed (drained, like a stale one) and nothing more lands.
+  FrameHeader ack;
+  ASSERT_TRUE(net::waitReadable(fd_, after(5)));
+  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
+  EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
+  for (size_t i = kGuard + 100; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
+  std::lock_guard<std::mutex> lock(sink_.mu);
+  EXPECT_TRUE(sink_.errors.empty()) << "the path failed: " << sink_.errors[0];
+  key_ = t_->expose(region_);  // TearDown conceals it once more
+}
+
 TEST_F(RawPeer, PeerClosingMidPayloadFailsThePathAndReleasesTheRegion) {
   ASSERT_EQ(0u, hello(0, 0));
   FrameHeader h = transport::tcp::writeFrame(region_.id, key_, 0, 1000, true, 4);

@@ -1,5 +1,8 @@
 #include "transport/tcp/region_table.h"
 
+#include <chrono>
+#include <thread>
+
 
 #include <thread>
 
@@ -28,9 +31,15 @@ Region RegionTable::add(void* addr, size_t length) {
   return r;
 }
 
-void RegionTable::waitForWriters(const Entry& entry) {
-  // A write in progress finishes within one payload receive; spin politely.
-  while (entry.writers.load() > 0) std::this_thread::yield();
+void RegionTable::waitForWriters(const Entry& entry, uint32_t id) {
+  // A write in progress usually finishes within one payload receive.
+  for (int i = 0; i < 1000 && entry.writers.load() > 0; ++i) std::this_thread::yield();
+  if (entry.writers.load() == 0) return;
+  // Not finishing: the sender stopped in the middle of the payload. Nobody
+  // needs the rest (the region is being closed to the peers), so the path
+  // lets go of it rather than wait for a peer that may never go on.
+  if (revoke_) revoke_(id);
+  while (entry.writers.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
 
 void RegionTable::remove(uint32_t id) {
@@ -43,7 +52,7 @@ void RegionTable::remove(uint32_t id) {
     entries_.erase(it);
   }
   entry->exposed.store(0);
-  waitForWriters(*entry);
+  waitForWriters(*entry, id);
 }
 
 uint64_t RegionTable::expose(uint32_t id) {
@@ -70,7 +79,7 @@ void RegionTable::conceal(uint32_t id) {
     if (it == entries_.end()) return;
     entry = it->second;
   }
-  if (entry->exposed.fetch_sub(1) == 1) waitForWriters(*entry);
+  if (entry->exposed.fetch_sub(1) == 1) waitForWriters(*entry, id);
 }
 
 RegionTable::Verdict RegionTable::grantWrite(uint32_t id, uint64_t key, uint64_t offset, uint64_t length,

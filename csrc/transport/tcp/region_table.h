@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,14 +72,21 @@ class RegionTable {
   // kStale: drop the payload; kRejected: *why says what was wrong.
   Verdict grantWrite(uint32_t id, uint64_t key, uint64_t offset, uint64_t length, Grant* grant, std::string* why);
   size_t size() const;
+  // Called with a region's id when remove()/conceal() finds a write still
+  // landing in it after a short wait: its sender stopped in the middle of
+  // the payload (a frozen peer). The revoker makes the receiving path drop
+  // its grant (the rest of that payload is drained, not written); set once,
+  // before the table is used.
+  void setRevoker(std::function<void(uint32_t id)> revoke) { revoke_ = std::move(revoke); }
 
  private:
-  static void waitForWriters(const Entry& entry);
+  void waitForWriters(const Entry& entry, uint32_t id);
   static constexpr size_t kRememberedKeys = 8;
 
   mutable std::mutex mu_;
   std::unordered_map<uint32_t, std::shared_ptr<Entry>> entries_;
   uint32_t next_id_ = 1;
+  std::function<void(uint32_t)> revoke_;
 };
 
 }  // namespace tcp

@@ -303,6 +303,7 @@ bool TcpPath::finishFrame(std::string* error) {
           rx_left_ = h.length;
           if (verdict == RegionTable::Verdict::kGranted) {
             rx_grant_ = std::move(grant);
+            rx_region_.store(h.region);
             rx_dst_ = rx_grant_.dst();
             rx_ = Rx::kPayload;
           } else {
@@ -329,6 +330,7 @@ bool TcpPath::finishFrame(std::string* error) {
     }
     case Rx::kPayload:
       rx_ = Rx::kHeader;
+      rx_region_.store(0);
       rx_grant_.release();
       if (rx_header_.flags & kFlagImm)
         sink_->onWriteArrived(peer_, path_, rx_header_.imm, static_cast<uint32_t>(rx_header_.length));
@@ -347,7 +349,23 @@ bool TcpPath::finishFrame(std::string* error) {
   return true;
 }
 
+void TcpPath::revoke(uint32_t region) {
+  if (rx_region_.load() != region) return;
+  if (loop_->inLoopThread()) dropGrant(region);
+  else loop_->post([self = shared_from_this(), region] { self->dropGrant(region); });
+}
+
+void TcpPath::dropGrant(uint32_t region) {
+  if (rx_ != Rx::kPayload || rx_region_.load() != region) return;  // finished meanwhile
+  MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": region ", region, " closed with ", rx_left_,
+                " bytes of a write still to come; they are drained");
+  rx_region_.store(0);
+  rx_grant_.release();
+  rx_ = Rx::kDrain;  // the rest is read and dropped; the write is ACKed like a stale one
+}
+
 void TcpPath::resetReceive() {
+  rx_region_.store(0);
   rx_grant_.release();
   rx_ = Rx::kHeader;
   rx_have_ = 0;

@@ -20,6 +20,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -58,6 +59,9 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   const std::string& description() const { return description_; }
   // TCP_INFO's byte counts of this connection and its congestion control.
   PathCounters counters() const;
+  // The region is being closed while a payload is landing in it (its sender
+  // stopped mid-payload): drop the grant and drain the rest. Any thread.
+  void revoke(uint32_t region);
 
   // EventLoop::Handler (loop thread)
   void onEvents(uint32_t events) override;
@@ -83,6 +87,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   void failLater(const std::string& why);  // from a thread that may hold the caller's locks
   void flushLater();                       // complete late_flush_ on the loop thread
   void resetReceive();                     // loop thread: drop a half-read frame and its grant
+  void dropGrant(uint32_t region);         // loop thread: revoke()'s work
   void deliverFlush(std::vector<uint64_t>& wr_ids);
 
   const int fd_;
@@ -120,6 +125,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   uint64_t rx_left_ = 0;               // payload bytes still to read
   uint8_t* rx_dst_ = nullptr;          // where they go (kPayload, kMessage)
   RegionTable::Grant rx_grant_;        // kPayload: pins the destination region
+  std::atomic<uint32_t> rx_region_{0};  // its region id (0: none); read by revoke() on any thread
   std::vector<uint8_t> rx_message_;    // kMessage
   bool rx_landed_ = false;             // a WRITE landed in this receive(): ACK it
 };

@@ -123,6 +123,15 @@ class TcpTransport::HelloReader : public EventLoop::Handler,
 TcpTransport::TcpTransport(const TransportOptions& options) : options_(options), loop_(EventLoop::shared()) {
   MAESTRO_CHECK(options_.sink != nullptr, "TcpTransport needs a completion sink");
   if (options_.busy_poll) loop_->busyPoll(true);
+  regions_.setRevoker([this](uint32_t region) {
+    std::vector<std::shared_ptr<TcpPath>> paths;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& kv : paths_) paths.push_back(kv.second);
+      paths.insert(paths.end(), retired_.begin(), retired_.end());
+    }
+    for (auto& p : paths) p->revoke(region);
+  });
 }
 
 TcpTransport::~TcpTransport() {
