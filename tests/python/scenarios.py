@@ -81,6 +81,40 @@ def skipped_collective(rank, world):
     return {"error": err, "seconds": time.time() - start}
 
 
+def frozen_peer(rank, world):
+    """Rank 1 is frozen (SIGSTOP) while allreduces stream: rank 0 must get
+    an error within the timeout and leave the group at once."""
+    import signal
+    import threading
+
+    _init(timeout_s=4)
+    pids = torch.tensor([os.getpid() if rank == 1 else 0], dtype=torch.int64)
+    dist.all_reduce(pids)
+    t = torch.ones(16 * 1024 * 1024)  # 64 MiB a round, rounds back to back
+
+    def rounds():
+        for _ in range(2000):
+            dist.all_reduce(t)
+
+    if rank == 1:
+        return {"error": _error_of(rounds)}
+    stopped = []
+
+    def freeze():
+        os.kill(int(pids[0]), signal.SIGSTOP)
+        stopped.append(time.time())
+
+    timer = threading.Timer(0.5, freeze)
+    timer.start()
+    err = _error_of(rounds)
+    failed_after = time.time() - stopped[0] if stopped else -1.0
+    start = time.time()
+    dist.destroy_process_group()
+    destroyed_after = time.time() - start
+    os.kill(int(pids[0]), signal.SIGCONT)
+    return {"error": err, "failed_after": failed_after, "destroyed_after": destroyed_after}
+
+
 def peer_exits(rank, world):
     _init()
     if rank == 1:

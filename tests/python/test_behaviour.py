@@ -171,3 +171,14 @@ def test_a_shut_down_group_says_so_and_stops_once():
         assert v["stop_errors"] == [], v["stop_errors"]
         for key in ("path_stats", "describe", "paths", "cache", "allreduce"):
             assert "shut down" in v[key], f"rank {rank} {key}: {v[key]!r}"
+
+
+def test_a_peer_frozen_mid_transfer_fails_the_operation_and_destroy_returns():
+    results = run_ranks(2, scenarios.frozen_peer, timeout=120)
+    status, v = results[0]
+    assert status == "ok", v
+    # Named either way: the monitor finds every path to rank 1 stalled, or the operation times out.
+    assert "rank 1" in v["error"] and ("paths to rank 1 are down" in v["error"] or "timed out" in v["error"]), v["error"]
+    assert 0 < v["failed_after"] < 4 + 6, f"the error came {v['failed_after']:.1f} s after a 4 s timeout"
+    assert v["destroyed_after"] < 5, f"destroy_process_group took {v['destroyed_after']:.1f} s"
+    assert results[1][0] in ("ok", "error"), results[1]  # rank 1 woke up and ended, either way
