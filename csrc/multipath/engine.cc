@@ -42,7 +42,16 @@ struct Engine::SentControl {
 namespace {
 constexpr double kRateSample = 0.004;    // seconds: the shortest busy interval a throughput sample covers
 constexpr double kMinDoubtWindow = 0.25;  // seconds: a floor for scheduling noise on a loaded host
-constexpr size_t kMaxUnconfirmed = 4096;  // a path that never confirms keeps only the newest
+// A path with this many control messages unconfirmed is probed: the pong
+// confirms them all (the path is ordered). None is ever dropped: until a
+// probe answers or the path is closed (then they are re-sent elsewhere),
+// they are kept.
+constexpr size_t kConfirmAfter = 4096;
+// A peer's control messages waiting to be taken: at most this many
+// operations ahead of the last one this rank finished, and this many in all.
+// Beyond either, the peer is not following the protocol.
+constexpr uint64_t kMaxOpsAhead = 1u << 16;
+constexpr size_t kMaxInbox = 1u << 16;
 }  // namespace
 
 struct Engine::PathSlot {
@@ -619,7 +628,11 @@ void Engine::postControl(Peer& p, std::vector<uint8_t> msg, bool reliable) {
   mesh_.transport->postSend(p.rank, s.id, msg.data(), msg.size());
   if (!reliable) return;
   s.unconfirmed.push_back({Clock::now(), std::move(msg)});
-  if (s.unconfirmed.size() > kMaxUnconfirmed) s.unconfirmed.pop_front();
+  if (s.unconfirmed.size() >= kConfirmAfter && !s.ping_outstanding) {
+    s.ping_outstanding = true;
+    s.ping_sent = Clock::now();
+    sendPing(p.rank, s.id);
+  }
 }
 
 bool Engine::takeControl(int peer, ControlKey key, std::vector<uint8_t>* payload) {
@@ -658,6 +671,11 @@ bool Engine::abortFor(uint64_t seq, std::string* reason) const {
 
 void Engine::retire(uint64_t seq) {
   retired_.store(std::max(retired_.load(), seq));
+  {
+    // Aborts of finished operations: nobody asks for them again.
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    aborts_.erase(aborts_.begin(), aborts_.upper_bound(seq));
+  }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     Peer& p = *peers_[peer];
@@ -728,6 +746,13 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         return;
       }
       case ControlType::kAbort: {
+        if (h.seq <= retired_.load()) return;  // about an operation this rank finished
+        if (h.seq > retired_.load() + kMaxOpsAhead) {
+          std::lock_guard<std::mutex> lock(p.mu);
+          markUnreachable(p, strcat("protocol error from rank ", peer, ": abort of operation #", h.seq,
+                                    ", more than ", kMaxOpsAhead, " ahead of #", retired_.load()));
+          break;
+        }
         std::lock_guard<std::mutex> lock(abort_mu_);
         aborts_.emplace(h.seq, std::string(reinterpret_cast<const char*>(body), body_len));
         break;
@@ -737,8 +762,16 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kBarrier: {
         std::lock_guard<std::mutex> lock(p.mu);
         p.last_heard = Clock::now();
-        if (h.seq > retired_.load())
-          p.inbox[{static_cast<ControlType>(h.type), h.seq, h.sub}].assign(body, body + body_len);
+        const uint64_t retired = retired_.load();
+        if (h.seq <= retired) break;  // a duplicate for a finished operation
+        if (h.seq > retired + kMaxOpsAhead || (p.inbox.size() >= kMaxInbox && !p.inbox.count(
+                                                   {static_cast<ControlType>(h.type), h.seq, h.sub}))) {
+          markUnreachable(p, strcat("protocol error from rank ", peer, ": control message for operation #", h.seq,
+                                    " while #", retired, " is the last finished here (", p.inbox.size(),
+                                    " waiting; at most ", kMaxInbox, ", at most ", kMaxOpsAhead, " operations ahead)"));
+          break;
+        }
+        p.inbox[{static_cast<ControlType>(h.type), h.seq, h.sub}].assign(body, body + body_len);
         break;
       }
       default: {

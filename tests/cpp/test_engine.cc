@@ -4,6 +4,8 @@
 // threads over four real loopback paths).
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <thread>
 
 #include "collectives/collectives.h"
@@ -72,6 +74,88 @@ TEST(EngineSetup, TheGroupSecretLeavesTheStoreOnceEveryRankHasIt) {
   for (auto& e : errors) ASSERT_EQ("", errorText(e));
   EXPECT_TRUE(store.has("maestro/endpoints/0"));
   EXPECT_FALSE(store.has("maestro/secret/0"));
+}
+
+// A control message as it comes off the wire (engine.cc's ControlHeader:
+// type, 3 reserved bytes, sub, seq; then the body).
+std::vector<uint8_t> controlMessage(ControlType type, uint64_t seq, uint32_t sub, const std::string& body = "") {
+  std::vector<uint8_t> m(16 + body.size(), 0);
+  m[0] = static_cast<uint8_t>(type);
+  std::memcpy(m.data() + 4, &sub, 4);
+  std::memcpy(m.data() + 8, &seq, 8);
+  std::memcpy(m.data() + 16, body.data(), body.size());
+  return m;
+}
+
+std::vector<std::unique_ptr<Engine>> twoEngines(MemoryRendezvous& store) {
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  auto errors = runRanks(2, [&](int r) {
+    engines[r] = std::make_unique<Engine>(std::map<std::string, std::string>{{"paths", "2"}}, store, r, 2, after(30));
+  });
+  for (auto& e : errors) EXPECT_EQ("", errorText(e));
+  return engines;
+}
+
+// Control messages wait in a peer's inbox until their operation takes
+// them: a message for an operation far beyond any this rank could be
+// waiting for is a protocol error, not memory kept forever.
+TEST(EngineControl, AMessageFarAheadOfEveryOperationIsAProtocolError) {
+  MemoryRendezvous store;
+  auto engines = twoEngines(store);
+  ASSERT_TRUE(engines[0] && engines[1]);
+  Engine& a = *engines[0];
+  auto near = controlMessage(ControlType::kBarrier, 3, 0);
+  a.onMessage(1, 0, near.data(), near.size());
+  EXPECT_TRUE(a.takeControl(1, {ControlType::kBarrier, 3, 0}, nullptr));
+  auto far = controlMessage(ControlType::kBarrier, uint64_t(1) << 40, 0);
+  a.onMessage(1, 0, far.data(), far.size());
+  try {
+    a.checkPeer(1);
+    FAIL() << "a message 2^40 operations ahead was kept";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("protocol error from rank 1")) << e.what();
+  }
+}
+
+// Aborts are kept while their operation may still ask, not forever; one
+// about an operation already finished here is not kept at all.
+TEST(EngineControl, AbortsOfFinishedOperationsAreForgotten) {
+  MemoryRendezvous store;
+  auto engines = twoEngines(store);
+  ASSERT_TRUE(engines[0] && engines[1]);
+  Engine& a = *engines[0];
+  auto abort5 = controlMessage(ControlType::kAbort, 5, 1, "rank 1 gave up");
+  a.onMessage(1, 0, abort5.data(), abort5.size());
+  std::string why;
+  ASSERT_TRUE(a.abortFor(5, &why));
+  EXPECT_EQ("rank 1 gave up", why);
+  a.retire(5);
+  EXPECT_FALSE(a.abortFor(5, &why)) << "kept after its operation finished";
+  auto late = controlMessage(ControlType::kAbort, 4, 1, "late");
+  a.onMessage(1, 0, late.data(), late.size());
+  EXPECT_FALSE(a.abortFor(4, &why)) << "an abort for a finished operation was kept";
+  a.checkPeer(1);  // and the peer is fine
+}
+
+// More control messages on a path than it has confirmed: none is given up.
+// The path is closed under them; every one arrives over the other path.
+TEST(EngineControl, TenThousandControlMessagesOnAPathClosedUnderThemAllArrive) {
+  MemoryRendezvous store;
+  auto engines = twoEngines(store);
+  ASSERT_TRUE(engines[0] && engines[1]);
+  Engine& a = *engines[0];
+  Engine& b = *engines[1];
+  constexpr uint32_t kTokens = 10000;
+  const int path = firstUpPath(a, 1);
+  for (uint32_t k = 0; k < kTokens; ++k) a.sendControl(1, ControlType::kBarrier, 7, k);
+  a.transport().closePath(1, path, "closed by the test");
+  for (uint32_t k = 0; k < kTokens; ++k) {
+    auto deadline = after(20);
+    bool got = false;
+    while (!(got = b.takeControl(0, {ControlType::kBarrier, 7, k}, nullptr)) && Clock::now() < deadline)
+      b.waitEvent(b.eventCount(), after(0.05));
+    ASSERT_TRUE(got) << "token " << k << " of " << kTokens << " was lost with path " << path;
+  }
 }
 
 // A peer's "this path is dead" notice can arrive after the path was already
