@@ -139,6 +139,11 @@ std::vector<RemoteWindow> OpContext::handshake(const std::vector<Window>& window
     abort(strcat("ranks called different collectives or with different tensors: rank ", rank(), " called ",
                  describe(desc_), " but rank ", right(), " called ", describe(other)));
   std::vector<RemoteWindow> out((theirs.size() - sizeof(OpDesc)) / sizeof(WireRegion));
+  // The same collective exposes the same buffers on every rank: a caller
+  // may index every window it exposed itself.
+  if (out.size() != windows.size())
+    abort(strcat("malformed operation descriptor from rank ", right(), ": ", out.size(), " buffers, expected ",
+                 windows.size()));
   for (size_t i = 0; i < out.size(); ++i) {
     WireRegion w;
     std::memcpy(&w, theirs.data() + sizeof(OpDesc) + i * sizeof(WireRegion), sizeof w);

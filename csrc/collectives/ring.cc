@@ -73,7 +73,6 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     mine.push_back(Window{scratch, 0});
   }
   std::vector<RemoteWindow> theirs = ctx.handshake(mine);
-  if (theirs.size() != mine.size()) ctx.abort(strcat("rank ", R, " exposed ", theirs.size(), " buffers, expected ", mine.size()));
   if (total == 0) return;  // empty tensors: the handshake was the whole operation
   auto* work = static_cast<uint8_t*>(plan.work.region.addr) + plan.work.base;
   auto* slots = static_cast<uint8_t*>(scratch.addr);

@@ -171,6 +171,35 @@ TEST(CollectivesTimeout, MissingRankTimesOutWithAClearMessage) {
   }
 }
 
+// A descriptor that names the right collective but carries no buffer (a
+// buggy or hostile peer) is refused, not read past its end.
+TEST(CollectivesDescriptor, ADescriptorWithoutItsBufferIsRefused) {
+  World w(2);
+  std::vector<float> data(1000, 1.0f);
+  std::string error;
+  auto errors = runRanks(2, [&](int r) {
+    auto& e = *w.engines[r];
+    if (r == 0) {
+      Window win = registered(e, data);
+      try {
+        broadcast(e, 1, win, data.size(), DType::kFloat32, 0, after(10));
+      } catch (const Error& ex) {
+        error = ex.what();
+      }
+      e.deregisterMemory(win.region);
+    } else {
+      OpDesc d;  // what rank 0 sends, without the window that follows it
+      d.kind = static_cast<uint8_t>(OpKind::kBroadcast);
+      d.dtype = static_cast<uint8_t>(DType::kFloat32);
+      d.root = 0;
+      d.count = data.size();
+      e.sendControl(0, multipath::ControlType::kDesc, 1, 0, &d, sizeof d);
+    }
+  });
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  EXPECT_NE(std::string::npos, error.find("malformed operation descriptor from rank 1: 0 buffers, expected 1")) << error;
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param); });
 
