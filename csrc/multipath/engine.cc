@@ -195,10 +195,7 @@ Engine::~Engine() {
   }
   if (mesh_.transport) mesh_.transport->shutdown();  // no completion arrives after this
   std::lock_guard<std::mutex> lock(buffers_mu_);
-  for (auto& kv : buffers_) {
-    mesh_.transport->deregisterMemory(kv.second.first);
-    std::free(kv.second.second);
-  }
+  for (auto& kv : buffers_) freeBuffer(kv.second);
 }
 
 std::string Engine::describeSetup() const {
@@ -217,10 +214,12 @@ std::string Engine::describeSetup() const {
 Region Engine::buffer(int slot, size_t bytes) {
   std::lock_guard<std::mutex> lock(buffers_mu_);
   auto it = buffers_.find(slot);
-  if (it != buffers_.end() && it->second.first.length >= bytes) return it->second.first;
+  if (it != buffers_.end() && it->second.region.length >= bytes) {
+    it->second.wanted = std::max(it->second.wanted, bytes);
+    return it->second.region;
+  }
   if (it != buffers_.end()) {
-    mesh_.transport->deregisterMemory(it->second.first);
-    std::free(it->second.second);
+    freeBuffer(it->second);
     buffers_.erase(it);
   }
   size_t size = std::max<size_t>(bytes, 4096);
@@ -234,8 +233,40 @@ Region Engine::buffer(int slot, size_t bytes) {
     std::free(mem);
     throw;
   }
-  buffers_[slot] = {r, mem};
+  buffers_[slot] = Buffer{r, mem, bytes};
   return r;
+}
+
+void Engine::freeBuffer(const Buffer& b) {
+  mesh_.transport->deregisterMemory(b.region);
+  std::free(b.memory);
+}
+
+void Engine::trimBuffers() {
+  constexpr uint64_t kTrimEvery = 16;
+  constexpr size_t kKeepBelow = 1 << 20;
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  if (++ops_since_trim_ < kTrimEvery) return;
+  ops_since_trim_ = 0;
+  for (auto it = buffers_.begin(); it != buffers_.end();) {
+    Buffer& b = it->second;
+    if (b.region.length > kKeepBelow && b.region.length > 4 * b.wanted) {
+      MAESTRO_TRACE("freeing a ", b.region.length, "-byte buffer: the last ", kTrimEvery, " operations needed at most ",
+                    b.wanted);
+      freeBuffer(b);
+      it = buffers_.erase(it);
+    } else {
+      b.wanted = 0;
+      ++it;
+    }
+  }
+}
+
+size_t Engine::bufferBytes() const {
+  std::lock_guard<std::mutex> lock(buffers_mu_);
+  size_t total = 0;
+  for (const auto& kv : buffers_) total += kv.second.region.length;
+  return total;
 }
 
 // ---------------------------------------------------------------- events
@@ -671,6 +702,7 @@ bool Engine::abortFor(uint64_t seq, std::string* reason) const {
 
 void Engine::retire(uint64_t seq) {
   retired_.store(std::max(retired_.load(), seq));
+  trimBuffers();  // the operation is over: none of its buffers is in use
   {
     // Aborts of finished operations: nobody asks for them again.
     std::lock_guard<std::mutex> lock(abort_mu_);

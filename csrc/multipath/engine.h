@@ -124,6 +124,8 @@ class Engine : public transport::CompletionSink {
   // An engine-owned registered buffer of at least `bytes` (grown on demand;
   // the returned region stays valid until the next call with the same slot).
   Region buffer(int slot, size_t bytes);
+  // Bytes held in those buffers now.
+  size_t bufferBytes() const;
 
   // ---- data ----
   // The operation now running on this rank. Chunks whose tag belongs to
@@ -212,8 +214,19 @@ class Engine : public transport::CompletionSink {
   std::map<uint64_t, std::string> aborts_;
   std::atomic<uint64_t> retired_{0};
 
-  std::mutex buffers_mu_;
-  std::map<int, std::pair<Region, void*>> buffers_;
+  struct Buffer {
+    Region region;
+    void* memory = nullptr;
+    size_t wanted = 0;  // the most any operation asked of it since the last trim
+  };
+  mutable std::mutex buffers_mu_;
+  std::map<int, Buffer> buffers_;
+  uint64_t ops_since_trim_ = 0;
+  // After every kTrimEvery operations: a buffer more than 4x (and 1 MiB)
+  // larger than any of them needed is freed (one large all_gather does not
+  // keep its size pinned for the life of the group).
+  void trimBuffers();
+  void freeBuffer(const Buffer& b);
 
   std::mutex samples_mu_;
   std::vector<double> chunk_samples_;  // ring buffer of chunk completion times

@@ -171,6 +171,26 @@ TEST(CollectivesTimeout, MissingRankTimesOutWithAClearMessage) {
   }
 }
 
+// One large reduce_scatter does not keep its working copy pinned for the
+// life of the group: after a run of small operations it is given back.
+TEST(CollectivesMemory, ALargeOperationsBufferIsFreedAfterSmallOnes) {
+  World w(2);
+  auto reduceScatterOf = [&](uint64_t count, uint64_t seq) {
+    std::vector<std::vector<float>> in(2, std::vector<float>(2 * count, 1.0f)), out(2, std::vector<float>(count));
+    auto errors = runRanks(2, [&](int r) {
+      reduceScatter(*w.engines[r], seq, in[r].data(), out[r].data(), count, DType::kFloat32, ReduceOp::kSum,
+                    after(30));
+    });
+    for (auto& err : errors) ASSERT_EQ("", errorText(err));
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(2.0f, out[r][count - 1]);
+  };
+  reduceScatterOf(4 << 20, 1);  // 32 MiB in per rank
+  const size_t big = w.engines[0]->bufferBytes();
+  EXPECT_GE(big, size_t(32) << 20) << "the reduce_scatter's working copy";
+  for (uint64_t seq = 2; seq < 2 + 32; ++seq) reduceScatterOf(1024, seq);
+  EXPECT_LT(w.engines[0]->bufferBytes(), size_t(4) << 20) << "still holding " << w.engines[0]->bufferBytes();
+}
+
 // A descriptor that names the right collective but carries no buffer (a
 // buggy or hostile peer) is refused, not read past its end.
 TEST(CollectivesDescriptor, ADescriptorWithoutItsBufferIsRefused) {
