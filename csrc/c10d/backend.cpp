@@ -166,6 +166,21 @@ void ProcessGroupMaestro::stopWorker(bool drain) {
   cv_.notify_all();
   auto error = std::make_exception_ptr(Error("maestro: the process group was aborted before this operation ran"));
   for (auto& p : dropped) p.work->complete(error);
+  std::shared_ptr<multipath::Engine> running;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    running = engine_;
+    // shutdown(): the operations already queued still run, for a while; a
+    // peer that stopped (frozen, gone) must not hold the caller for the
+    // group timeout. abort(): the one running fails now.
+    if (drain && !idle_cv_.wait_for(lock, kShutdownGrace, [&] { return queue_.empty() && !running_; }))
+      MAESTRO_WARN("shutdown: operations still running after ", kShutdownGrace.count(), " s; they fail now");
+    else if (drain)
+      running = nullptr;  // idle: nothing to interrupt
+  }
+  if (running) running->interrupt(drain ? "the process group was shut down while this operation was running"
+                                        : "the process group was aborted");
+  running = nullptr;
   worker_.join();
   std::shared_ptr<multipath::RegistrationCache> cache;
   std::shared_ptr<multipath::Engine> engine;
@@ -239,6 +254,7 @@ void ProcessGroupMaestro::workerLoop() {
       if (queue_.empty()) return;
       p = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;  // with the pop: shutdown() never sees it in neither place
     }
     std::exception_ptr error;
     {
@@ -261,6 +277,11 @@ void ProcessGroupMaestro::workerLoop() {
       }
     }
     p.work->complete(error);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = false;
+      if (queue_.empty()) idle_cv_.notify_all();
+    }
   }
 }
 

@@ -117,6 +117,10 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> queue_;
+  bool running_ = false;             // the worker is inside an operation
+  std::condition_variable idle_cv_;  // queue_ empty and !running_
+  // How long shutdown() lets queued operations finish before it fails them.
+  static constexpr std::chrono::seconds kShutdownGrace{10};
   uint64_t seq_ = 0;
   bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure

@@ -55,6 +55,15 @@ OpContext::OpContext(multipath::Engine& engine, uint64_t seq, const OpDesc& desc
 }
 
 OpContext::~OpContext() {
+  if (std::uncaught_exceptions() > uncaught_) {
+    // Bounded: a path whose writes stay stuck for a path timeout is closed.
+    const auto grace = std::chrono::milliseconds(static_cast<int64_t>(engine_.config().path_timeout * 1000));
+    try {
+      engine_.cancelSends(seq_, strcat(name(), " failed"), grace);
+    } catch (const std::exception& e) {
+      MAESTRO_WARN(name(), ": cancelling its writes: ", e.what());
+    }
+  }
   for (const auto& r : exposed_) engine_.conceal(r);
   engine_.retire(seq_);
 }
@@ -75,6 +84,7 @@ void OpContext::abort(const std::string& reason) {
 void OpContext::checkHealth(const std::vector<int>& peers) {
   std::string reason;
   if (engine_.abortFor(seq_, &reason)) throw Error(reason);
+  if (engine_.interrupted(&reason)) throw Error(strcat("maestro ", name(), " on rank ", rank(), ": ", reason));
   for (int peer : peers) checkPeer(peer);
 }
 

@@ -11,6 +11,8 @@
 // into a rank's memory before that rank has exposed it for this operation.
 #pragma once
 
+#include <exception>
+
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -55,7 +57,10 @@ constexpr uint32_t kMessagesPerOp = 1u << multipath::kEpochShift;
 class OpContext {
  public:
   OpContext(multipath::Engine& engine, uint64_t seq, const OpDesc& desc, Deadline deadline);
-  ~OpContext();  // conceals the exposed regions, retires the seq
+  // Conceals the exposed regions, retires the seq. Leaving by an exception,
+  // it first cancels the operation's writes: none reads the caller's
+  // buffers after it returns.
+  ~OpContext();
   OpContext(const OpContext&) = delete;
   OpContext& operator=(const OpContext&) = delete;
 
@@ -96,6 +101,7 @@ class OpContext {
   const OpDesc desc_;
   const Deadline deadline_;
   std::vector<Region> exposed_;
+  const int uncaught_ = std::uncaught_exceptions();
 };
 
 }  // namespace collectives

@@ -700,6 +700,101 @@ bool Engine::abortFor(uint64_t seq, std::string* reason) const {
   return true;
 }
 
+void Engine::interrupt(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (interrupted_.empty()) interrupted_ = why.empty() ? std::string("interrupted") : why;
+  }
+  notify();
+}
+
+bool Engine::interrupted(std::string* why) const {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (interrupted_.empty()) return false;
+  *why = interrupted_;
+  return true;
+}
+
+void Engine::cancelSends(uint64_t seq, const std::string& why, std::chrono::milliseconds grace) {
+  const uint32_t epoch = static_cast<uint32_t>(seq & 3);
+  auto ofThisOp = [&](const SendOp* op) { return (op->tag_ >> kEpochShift) == epoch; };
+  auto stillPosted = [&] {
+    size_t n = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      Peer& p = *peers_[peer];
+      std::lock_guard<std::mutex> lock(p.mu);
+      for (auto& kv : p.sending)
+        if (ofThisOp(kv.first) && kv.first->outstanding_ > 0) ++n;
+    }
+    return n;
+  };
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Peer& p = *peers_[peer];
+    std::lock_guard<std::mutex> lock(p.mu);
+    bool any = false;
+    for (auto it = p.sending.begin(); it != p.sending.end();) {
+      SendOp* op = it->first;
+      if (!ofThisOp(op) || op->done()) {
+        ++it;
+        continue;
+      }
+      any = true;
+      if (!op->failed()) {  // a flushed chunk of it is not sent again
+        op->error_ = why;
+        op->failed_.store(true, std::memory_order_release);
+      }
+      it = op->outstanding_ == 0 ? p.sending.erase(it) : std::next(it);
+    }
+    if (!any) continue;
+    auto drop = [&](std::deque<ChunkDesc*>& q) {
+      q.erase(std::remove_if(q.begin(), q.end(), [&](ChunkDesc* c) { return ofThisOp(c->op) && c->op->failed(); }),
+              q.end());
+    };
+    for (auto& slot : p.paths) drop(slot.queue);
+    drop(p.shared);
+  }
+  // Writes already posted read their source until they complete (verbs: the
+  // NIC DMAs from it; TCP: until the socket took the bytes): wait for them.
+  auto until = Clock::now() + grace;
+  for (;;) {
+    uint64_t seen = eventCount();
+    if (stillPosted() == 0) return;
+    if (Clock::now() >= until) break;
+    waitEvent(seen, std::min(until, Clock::now() + std::chrono::milliseconds(50)));
+  }
+  // A peer that stopped reading holds them: close the paths they are on;
+  // their flush completes them (and the path reconnects).
+  std::vector<std::pair<int, int>> close;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    Peer& p = *peers_[peer];
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (auto& kv : p.sending) {
+      if (!ofThisOp(kv.first) || kv.first->outstanding_ == 0) continue;
+      for (const auto& slot : p.paths)
+        if (slot.up && slot.inflight > 0) close.emplace_back(peer, slot.id);
+      break;
+    }
+  }
+  for (auto& [peer, id] : close) {
+    try {
+      MAESTRO_WARN("closing path ", id, " to rank ", peer, ": writes of a failed operation are stuck on it");
+      mesh_.transport->closePath(peer, id, "writes of a failed operation were stuck on it");
+    } catch (const Error&) {
+    }
+  }
+  until = Clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    uint64_t seen = eventCount();
+    if (stillPosted() == 0) return;
+    if (Clock::now() >= until) break;
+    waitEvent(seen, std::min(until, Clock::now() + std::chrono::milliseconds(50)));
+  }
+  MAESTRO_WARN("operation #", seq, ": ", stillPosted(), " write(s) still posted after their paths were closed");
+}
+
 void Engine::retire(uint64_t seq) {
   retired_.store(std::max(retired_.load(), seq));
   trimBuffers();  // the operation is over: none of its buffers is in use

@@ -149,6 +149,16 @@ class Engine : public transport::CompletionSink {
   bool abortFor(uint64_t seq, std::string* reason) const;
   // Operation `seq` is finished: drop its leftover control messages.
   void retire(uint64_t seq);
+  // Operation `seq` failed: its writes not yet posted are dropped, and this
+  // returns once none still posted can read its buffers (the paths they are
+  // stuck on are closed after `grace`), so the caller may hand the memory
+  // back to the user.
+  void cancelSends(uint64_t seq, const std::string& why, std::chrono::milliseconds grace);
+  // Make the operation now running (and every later one) fail at once with
+  // `why`: abort() of the process group. Idempotent; cannot be undone.
+  void interrupt(const std::string& why);
+  // The reason, if interrupt() was called.
+  bool interrupted(std::string* why) const;
 
   // ---- progress ----
   uint64_t eventCount() const { return events_.load(); }
@@ -212,6 +222,7 @@ class Engine : public transport::CompletionSink {
 
   mutable std::mutex abort_mu_;
   std::map<uint64_t, std::string> aborts_;
+  std::string interrupted_;  // abort_mu_; "" while not interrupted
   std::atomic<uint64_t> retired_{0};
 
   struct Buffer {

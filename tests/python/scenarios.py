@@ -115,6 +115,28 @@ def frozen_peer(rank, world):
     return {"error": err, "failed_after": failed_after, "destroyed_after": destroyed_after}
 
 
+def stop_while_waiting(rank, world, how):
+    """Rank 1 never joins rank 0's allreduce (group timeout 60 s); rank 0
+    stops the group while it waits: abort() fails it at once, shutdown()
+    (destroy_process_group) after its grace period, not after the timeout."""
+    import maestro_torch
+
+    _init(timeout_s=60)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(20)
+        return {}
+    work = dist.all_reduce(torch.ones(1000), async_op=True)
+    time.sleep(0.5)
+    start = time.time()
+    if how == "abort":
+        maestro_torch.backend_of().abort()
+    else:
+        dist.destroy_process_group()
+    stopped_after = time.time() - start
+    return {"stopped_after": stopped_after, "error": _error_of(work.wait)}
+
+
 def peer_exits(rank, world):
     _init()
     if rank == 1:

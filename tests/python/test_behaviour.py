@@ -182,3 +182,11 @@ def test_a_peer_frozen_mid_transfer_fails_the_operation_and_destroy_returns():
     assert 0 < v["failed_after"] < 4 + 6, f"the error came {v['failed_after']:.1f} s after a 4 s timeout"
     assert v["destroyed_after"] < 5, f"destroy_process_group took {v['destroyed_after']:.1f} s"
     assert results[1][0] in ("ok", "error"), results[1]  # rank 1 woke up and ended, either way
+
+
+@pytest.mark.parametrize("how,bound", [("abort", 5), ("destroy", 10 + 5)])
+def test_stopping_the_group_does_not_wait_for_the_timeout(how, bound):
+    status, v = run_ranks(2, scenarios.stop_while_waiting, how, timeout=120)[0]
+    assert status == "ok", v
+    assert v["stopped_after"] < bound, f"{how} took {v['stopped_after']:.1f} s (group timeout 60 s)"
+    assert "aborted" in v["error"] or "shut down" in v["error"], v["error"]
