@@ -1,6 +1,7 @@
 #include "transport/tcp/frame.h"
 
 #include "common/error.h"
+#include "common/secret.h"
 #include "transport/transport.h"
 
 namespace maestro {
@@ -56,6 +57,16 @@ FrameHeader ackFrame(uint64_t writes_received) {
   h.type = static_cast<uint8_t>(FrameType::kAck);
   h.offset = writes_received;
   return h;
+}
+
+HelloStatus checkHello(const HelloWire& hello, const uint8_t* secret, size_t secret_len, int my_rank,
+                       int world_size) {
+  if (hello.magic != kHelloMagic) return HelloStatus::kBadMagic;
+  if (hello.version != kProtocolVersion) return HelloStatus::kBadVersion;
+  if (secret_len != sizeof hello.secret || !sameSecret(hello.secret, secret, secret_len)) return HelloStatus::kBadSecret;
+  if (hello.rank < 0 || hello.rank >= world_size || hello.rank == my_rank) return HelloStatus::kBadRank;
+  if (hello.path < 0 || hello.path >= kMaxPaths) return HelloStatus::kBadPath;
+  return HelloStatus::kOk;
 }
 
 const char* helloStatusText(HelloStatus status) {

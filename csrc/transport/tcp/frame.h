@@ -30,6 +30,7 @@ constexpr uint8_t kFlagImm = 1;
 
 // Upper bound for one WRITE frame's payload: a chunk, never a whole tensor.
 constexpr uint64_t kMaxWritePayload = 64ull << 20;
+constexpr int32_t kMaxPaths = 1024;  // path indices a hello may name
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -75,6 +76,11 @@ enum class HelloStatus : uint32_t {
   kDuplicate = 6,
   kBadAddress = 7,
 };
+// The answer to a hello, from its content alone (where it came from is
+// the transport's to check): magic, version, secret (compared in constant
+// time), rank within the world and not ours, path index.
+HelloStatus checkHello(const HelloWire& hello, const uint8_t* secret, size_t secret_len, int my_rank,
+                       int world_size);
 struct HelloReply {
   uint32_t magic = kHelloMagic;
   uint32_t status = 0;

@@ -30,12 +30,6 @@ constexpr size_t kMaxPendingHellos = 64;
 // Refusals warned about per transport; later ones are traced only.
 constexpr size_t kRefusalsWarned = 8;
 
-bool sameSecret(const uint8_t* a, const uint8_t* b, size_t n) {
-  uint8_t diff = 0;  // constant time: no early exit on the first difference
-  for (size_t i = 0; i < n; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 // A listening socket on the event loop: accepts every connection waiting.
@@ -220,12 +214,8 @@ void TcpTransport::admit(int fd, const HelloWire& hello) {
     ::close(fd);
     throw;
   }
-  HelloStatus status = HelloStatus::kOk;
-  if (hello.magic != kHelloMagic) status = HelloStatus::kBadMagic;
-  else if (hello.version != kProtocolVersion) status = HelloStatus::kBadVersion;
-  else if (!sameSecret(hello.secret, options_.secret.data(), options_.secret.size())) status = HelloStatus::kBadSecret;
-  else if (hello.rank < 0 || hello.rank >= options_.world_size || hello.rank == options_.rank) status = HelloStatus::kBadRank;
-  else if (hello.path < 0 || hello.path >= 1024) status = HelloStatus::kBadPath;
+  HelloStatus status =
+      checkHello(hello, options_.secret.data(), options_.secret.size(), options_.rank, options_.world_size);
   if (status == HelloStatus::kOk) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/secret.h"
 
 namespace maestro {
 namespace transport {
@@ -44,13 +45,7 @@ bool decodeHello(const void* data, size_t length, Hello* out) {
   return true;
 }
 
-bool secretsEqual(const uint8_t* a, const uint8_t* b) {
-  // Accumulate the differences of every byte; no early exit. volatile keeps
-  // the compiler from turning this back into a short-circuiting compare.
-  volatile uint8_t diff = 0;
-  for (size_t i = 0; i < Hello::kSecretBytes; ++i) diff = diff | (a[i] ^ b[i]);
-  return diff == 0;
-}
+bool secretsEqual(const uint8_t* a, const uint8_t* b) { return sameSecret(a, b, Hello::kSecretBytes); }
 
 std::string encodeReject(const std::string& reason) {
   std::string msg = std::string(kRejectTag) + reason;
