@@ -2,7 +2,7 @@
 # The whole test suite, from a fresh clone: installs what it needs into
 # .venv, builds the extension and the C++ tests, then runs
 #   1. the C++ unit tests (CTest / GoogleTest: ranks as threads, real sockets),
-#      then again under ASan+UBSan and under TSan,
+#      then again under ASan+UBSan and under TSan; the fuzzers for 30 s each,
 #   2. the Python tests: real rank processes; the lab tests (network
 #      namespaces) and the verbs tests (a Soft-RoCE VM, scripts/softroce/)
 #      need root -- they say so and skip without it.
@@ -10,12 +10,13 @@
 # As root, install rdma-core's headers first so that the extension is built
 # with the verbs transport (its tests run in a Soft-RoCE VM, which the
 # harness sets up itself).
-if [ "$(id -u)" = 0 ] && { [ ! -f /usr/include/infiniband/verbs.h ] || [ ! -f /usr/include/rdma/rdma_cma.h ]; }; then
-  echo "== installing libibverbs-dev librdmacm-dev (for the verbs transport)"
+if [ "$(id -u)" = 0 ] && { [ ! -f /usr/include/infiniband/verbs.h ] || [ ! -f /usr/include/rdma/rdma_cma.h ] ||
+                           ! command -v clang++ >/dev/null; }; then
+  echo "== installing libibverbs-dev librdmacm-dev (the verbs transport) and clang (the fuzzers)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq libibverbs-dev librdmacm-dev >/dev/null 2>&1 ||
-    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libibverbs-dev librdmacm-dev >/dev/null; } ||
-    echo "warning: could not install rdma-core headers; the verbs tests will fail"
+  apt-get install -y -qq libibverbs-dev librdmacm-dev clang >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libibverbs-dev librdmacm-dev clang >/dev/null; } ||
+    echo "warning: could not install rdma-core headers and clang; the verbs tests and the fuzzers will fail"
 fi
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
@@ -40,6 +41,17 @@ for san in address,undefined thread; do
      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --output-on-failure -j 1 --timeout 300 >/dev/null ||
    { echo "== sanitizer $san found something; the failing tests again, with their output:" >&2; ctest --rerun-failed --output-on-failure -j 1 --timeout 300; exit 1; })
 done
+
+# The fuzzers, briefly, on top of their committed corpus (scripts/fuzz.sh).
+if command -v clang++ >/dev/null; then
+  echo "== fuzzing: every target for 30 s"
+  bash scripts/fuzz.sh --seconds 30
+elif [ "${MAESTRO_REQUIRE_ALL_SUITES:-0}" = 1 ]; then
+  echo "error: clang is missing, so the fuzzers cannot run (MAESTRO_REQUIRE_ALL_SUITES=1)" >&2
+  exit 1
+else
+  echo "== fuzzing SKIPPED: clang is not installed (apt-get install clang)"
+fi
 
 echo "== Python tests"
 "$PY" -m pytest -q -rs tests/python "$@"
