@@ -3,6 +3,7 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/error.h"
@@ -302,6 +303,25 @@ collectives::Window ProcessGroupMaestro::window(const at::Tensor& t) {
   return collectives::Window{r, offset};
 }
 
+ProcessGroupMaestro::Staged ProcessGroupMaestro::stage(int64_t numel, const at::TensorOptions& options) {
+  const size_t bytes = static_cast<size_t>(numel) * options.dtype().itemsize();
+  Region r = engine_->buffer(collectives::kStagingBuffer, std::max<size_t>(bytes, 1));
+  return Staged{at::from_blob(r.addr, {numel}, options.device(at::kCPU).requires_grad(false)),
+                collectives::Window{r, 0}};
+}
+
+void ProcessGroupMaestro::inPlace(const at::Tensor& tensor, const std::function<void(const collectives::Window&)>& run) {
+  if (tensor.is_contiguous()) {
+    Pinned pin(this, tensor);
+    run(pin.window);
+    return;
+  }
+  Staged work = stage(tensor.numel(), tensor.options());
+  work.tensor.view(tensor.sizes()).copy_(tensor);
+  run(work.window);
+  tensor.copy_(work.tensor.view(tensor.sizes()));
+}
+
 void ProcessGroupMaestro::release(const at::Tensor& t) {
   if (t.storage().nbytes() > 0) cache_->unpin(t.storage().unsafeGetStorageImpl());
 }
@@ -320,10 +340,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::
   at::Tensor tensor = tensors[0];
   return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", {tensor}, {tensor},
                  [this, tensor, op](uint64_t seq, Deadline deadline) {
-                   at::Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
-                   Pinned pin(this, work);
-                   collectives::allreduce(*engine_, seq, pin.window, work.numel(), toDType(work.scalar_type()), op, deadline);
-                   if (!work.is_same(tensor)) tensor.copy_(work);
+                   inPlace(tensor, [&](const collectives::Window& w) {
+                     collectives::allreduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op,
+                                            deadline);
+                   });
                  });
 }
 
@@ -342,15 +362,19 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
   }
   return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "maestro:all_reduce_coalesced", tensors, tensors,
                  [this, tensors, op](uint64_t seq, Deadline deadline) {
-                   std::vector<at::Tensor> flat;
-                   for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
-                   at::Tensor packed = at::cat(flat);
-                   Pinned pin(this, packed);
-                   collectives::allreduce(*engine_, seq, pin.window, packed.numel(), toDType(packed.scalar_type()), op,
-                   deadline);
+                   int64_t total = 0;
+                   for (const auto& t : tensors) total += t.numel();
+                   Staged packed = stage(total, tensors[0].options());
                    int64_t at = 0;
                    for (const auto& t : tensors) {
-                     t.copy_(packed.narrow(0, at, t.numel()).view(t.sizes()));
+                     packed.tensor.narrow(0, at, t.numel()).view(t.sizes()).copy_(t);
+                     at += t.numel();
+                   }
+                   collectives::allreduce(*engine_, seq, packed.window, total, toDType(tensors[0].scalar_type()), op,
+                                          deadline);
+                   at = 0;
+                   for (const auto& t : tensors) {
+                     t.copy_(packed.tensor.narrow(0, at, t.numel()).view(t.sizes()));
                      at += t.numel();
                    }
                  });
@@ -370,10 +394,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::
   int root = static_cast<int>(opts.rootRank);
   return enqueue(::c10d::OpType::BROADCAST, "maestro:broadcast", {tensor}, {tensor},
                  [this, tensor, root](uint64_t seq, Deadline deadline) {
-                   at::Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
-                   Pinned pin(this, work);
-                   collectives::broadcast(*engine_, seq, pin.window, work.numel(), toDType(work.scalar_type()), root, deadline);
-                   if (!work.is_same(tensor)) tensor.copy_(work);
+                   inPlace(tensor, [&](const collectives::Window& w) {
+                     collectives::broadcast(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), root,
+                                            deadline);
+                   });
                  });
 }
 
@@ -392,12 +416,17 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tens
   at::Tensor out = output, in = input;
   return enqueue(::c10d::OpType::_ALLGATHER_BASE, "maestro:all_gather_into_tensor", {out}, {in},
                  [this, out, in](uint64_t seq, Deadline deadline) {
-                   at::Tensor work = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
-                   at::Tensor src = in.contiguous();
-                   Pinned pin(this, work);
-                   collectives::allgather(*engine_, seq, src.data_ptr(), pin.window, src.numel(),
-                   toDType(src.scalar_type()), deadline);
-                   if (!work.is_same(out)) out.copy_(work);
+                   at::Tensor src = in.contiguous();  // read locally, never registered
+                   if (out.is_contiguous()) {
+                     Pinned pin(this, out);
+                     collectives::allgather(*engine_, seq, src.data_ptr(), pin.window, src.numel(),
+                                            toDType(src.scalar_type()), deadline);
+                     return;
+                   }
+                   Staged work = stage(out.numel(), out.options());
+                   collectives::allgather(*engine_, seq, src.data_ptr(), work.window, src.numel(),
+                                          toDType(src.scalar_type()), deadline);
+                   out.copy_(work.tensor.view(out.sizes()));
                  });
 }
 
@@ -424,13 +453,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std:
                  [this, outs, in](uint64_t seq, Deadline deadline) {
                    // Gather into one flat tensor (written in place by the
                    // peers), then copy into the caller's list.
-                   at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * in.numel()}, in.options());
+                   Staged flat = stage(static_cast<int64_t>(outs.size()) * in.numel(), in.options());
                    at::Tensor src = in.contiguous();
-                   Pinned pin(this, flat);
-                   collectives::allgather(*engine_, seq, src.data_ptr(), pin.window, src.numel(),
-                   toDType(src.scalar_type()), deadline);
+                   collectives::allgather(*engine_, seq, src.data_ptr(), flat.window, src.numel(),
+                                          toDType(src.scalar_type()), deadline);
                    for (size_t i = 0; i < outs.size(); ++i)
-                     outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * in.numel(), in.numel()).view(outs[i].sizes()));
+                     outs[i].copy_(
+                         flat.tensor.narrow(0, static_cast<int64_t>(i) * in.numel(), in.numel()).view(outs[i].sizes()));
                  });
 }
 

@@ -108,6 +108,19 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   };
   collectives::Window window(const at::Tensor& t);
   void release(const at::Tensor& t);
+  // A contiguous tensor of `numel` elements in the engine's staging buffer
+  // (registered once, reused, shrunk when unused): where an operation puts
+  // what it must copy anyway -- a non-contiguous tensor, a list packed into
+  // one -- instead of registering a new temporary on every call. Valid for
+  // the running operation only.
+  struct Staged {
+    at::Tensor tensor;
+    collectives::Window window;
+  };
+  Staged stage(int64_t numel, const at::TensorOptions& options);
+  // Run an in-place collective on `tensor`: on its own registered memory
+  // when it is contiguous, else on a staged copy that is copied back.
+  void inPlace(const at::Tensor& tensor, const std::function<void(const collectives::Window&)>& run);
 
   std::shared_ptr<multipath::Engine> engine_;  // guarded by mu_ for threads other than the worker
   std::shared_ptr<multipath::RegistrationCache> cache_;

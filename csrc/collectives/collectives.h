@@ -18,6 +18,7 @@ namespace collectives {
 // Engine buffer slots the collectives use.
 constexpr int kScratchBuffer = 0;  // reduce-scatter receive slots
 constexpr int kWorkBuffer = 1;     // reduce_scatter's working copy of the input
+constexpr int kStagingBuffer = 2;  // the caller's staging of a tensor it must copy (c10d glue)
 
 // Ring allreduce, in place: reduce-scatter then allgather, segment-pipelined;
 // the allgather phase writes straight into the peers' tensors.

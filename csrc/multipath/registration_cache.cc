@@ -41,6 +41,10 @@ void RegistrationCache::trim() {
 
 Region RegistrationCache::acquire(const void* owner, void* addr, size_t length, Alive alive) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Registrations of tensors that died since go now, not when the cache is
+  // full: their memory must not stay pinned (verbs) or reachable by a key a
+  // peer once learned. At most `capacity` cheap liveness checks.
+  dropDead();
   auto it = entries_.find(owner);
   if (it != entries_.end()) {
     Entry& e = it->second;

@@ -5,7 +5,8 @@
 // Entries are keyed by an owner (the tensor's storage) and hold an `alive`
 // probe for it: an entry whose owner died, or whose owner now has other
 // memory, is deregistered and never returned -- the cache never hands out a
-// registration of freed memory. Entries in use by a running operation are
+// registration of freed memory. Dead entries are dropped on every acquire,
+// so freed memory does not stay registered until the cache fills. Entries in use by a running operation are
 // pinned and never evicted; the rest are bounded by `capacity`, least
 // recently used first.
 #pragma once

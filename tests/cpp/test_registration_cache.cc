@@ -53,6 +53,23 @@ TEST_F(Cache, NeverReturnsARegistrationOfFreedMemory) {
   EXPECT_EQ(0u, c.size());
 }
 
+// A freed tensor's registration goes at the next acquire of any tensor, not
+// when the cache is full.
+TEST_F(Cache, ADeadOwnersRegistrationGoesAtTheNextAcquire) {
+  RegistrationCache c(t_.get(), 256);
+  std::vector<char> x(100), y(100);
+  auto owner = std::make_shared<int>(0);
+  std::weak_ptr<int> weak = owner;
+  c.acquire(owner.get(), x.data(), x.size(), [weak] { return !weak.expired(); });
+  c.unpin(weak.lock().get());
+  owner.reset();
+  int other = 0;
+  c.acquire(&other, y.data(), y.size(), [] { return true; });
+  c.unpin(&other);
+  EXPECT_EQ(1u, c.size()) << "the dead owner's registration is still held";
+  EXPECT_EQ(1u, c.evictions());
+}
+
 TEST_F(Cache, ChangedMemoryIsRegisteredAgain) {
   RegistrationCache c(t_.get(), 8);
   std::vector<char> x(100), y(200);

@@ -222,6 +222,33 @@ def after_shutdown(rank, world):
             "allreduce": _error_of(lambda: dist.all_reduce(torch.ones(4)))}
 
 
+def temporaries_are_not_registered(rank, world):
+    """Operations that must copy anyway (non-contiguous tensors, lists packed
+    into one) stage in a reused buffer: the registration cache sees only the
+    caller's own tensors, once each."""
+    import maestro_torch
+
+    _init()
+    backend = maestro_torch.backend_of()
+    dense = torch.ones(1000)
+    strided = torch.ones(100, 20)[:, ::2]  # not contiguous
+    grads = [torch.ones(300), torch.ones(7, 3), torch.ones(1)]
+    outs = [torch.empty(1000) for _ in range(world)]
+    before = backend.registration_cache_stats()
+    ok = True
+    for _ in range(20):
+        for t in [dense, strided] + grads:
+            t.fill_(1.0)
+        dist.all_reduce(dense)
+        dist.all_reduce(strided)
+        dist.all_reduce_coalesced(grads)
+        dist.all_gather(outs, dense)
+        ok = ok and bool(torch.all(dense == world)) and bool(torch.all(strided == world))
+        ok = ok and all(bool(torch.all(g == world)) for g in grads) and all(bool(torch.all(o == world)) for o in outs)
+    after = backend.registration_cache_stats()
+    return {"ok": ok, "misses": after["misses"] - before["misses"], "entries": after["entries"]}
+
+
 def options_and_subgroups(rank, world):
     import maestro_torch
 

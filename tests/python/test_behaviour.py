@@ -190,3 +190,10 @@ def test_stopping_the_group_does_not_wait_for_the_timeout(how, bound):
     assert status == "ok", v
     assert v["stopped_after"] < bound, f"{how} took {v['stopped_after']:.1f} s (group timeout 60 s)"
     assert "aborted" in v["error"] or "shut down" in v["error"], v["error"]
+
+
+def test_temporaries_are_staged_not_registered_on_every_call():
+    for rank, v in enumerate(ok_values(run_ranks(2, scenarios.temporaries_are_not_registered, timeout=120))):
+        assert v["ok"], f"rank {rank}: wrong results"
+        # Only `dense` is registered (once): 80 operations, 20 of them on temporaries before.
+        assert v["misses"] <= 2, f"rank {rank}: {v['misses']} registrations for 80 operations"
