@@ -1,0 +1,384 @@
+"""Soak with faults on the lab: thousands of random operations on 4 ranks
+while a fault injector flaps spine links, destroys single path sockets,
+freezes ranks (SIGSTOP for less than the group timeout) and, with
+--kill-after, kills one rank.
+
+Every operation (collective, size 0 to 64 MiB, dtype, reduce op, root,
+world group or a subgroup) is drawn from a seeded generator that every rank
+runs alike, on inputs every rank can compute, so each rank checks its own
+result exactly. The invariants:
+  * every result is exact, or the operation raises a clean error (a
+    RuntimeError with a message) -- on every rank of its group;
+  * nothing hangs: the driver gives the whole run a deadline;
+  * resident memory and open descriptors stay flat.
+After an error the ranks agree on who is still there and where to go on,
+destroy the group and build a new one (what an elastic job's restart would
+do); a killed rank's survivors go on without it.
+
+    sudo .venv/bin/python benchmarks/soak.py --ops 10000 [--kill-after S] [--seed 1] [--out FILE]
+
+prints one summary (operations, faults by kind, wrong results, hangs,
+errors and their worst latency, RSS and descriptors first/last) and writes it
+as JSON to --out (default docs/results/data/soak.json).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KINDS = ["all_reduce", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"]
+DTYPES = ["float32", "float64", "int32", "int64"]
+REDUCE = ["sum", "max", "min"]
+SUBGROUPS = [[0, 1], [1, 2, 3]]  # created by every rank in every generation
+GROUP_TIMEOUT_S = 20
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def plan(seed: int, i: int) -> dict:
+    """Operation i, the same on every rank."""
+    r = random.Random(seed * 1_000_003 + i)
+    kind = r.choice(KINDS)
+    u = r.random()
+    if u < 0.02:
+        n = 0
+    elif u < 0.60:
+        n = r.randint(1, 1024)
+    elif u < 0.98:
+        n = r.randint(1025, 256 * 1024)
+    else:
+        n = int(2 ** r.uniform(18, 24))  # up to 16 Mi elements: 64 MiB of float32
+    group = r.choice([None, None, None, 0, 1])  # mostly the world
+    members = [0, 1, 2, 3] if group is None else SUBGROUPS[group]
+    return {"kind": kind, "n": n, "dtype": r.choice(DTYPES), "op": r.choice(REDUCE),
+            "root": r.choice(members), "group": group, "members": members}
+
+
+def _input(torch, p, i, rank, n):
+    """Small integers, exact in every dtype and in a sum over 4 ranks."""
+    base = torch.arange(n, dtype=torch.int64)
+    return ((base * 7 + rank * 13 + i) % 1000).to(getattr(torch, p["dtype"]))
+
+
+def _expected(torch, p, i, members):
+    ins = [_input(torch, p, i, r, p["n"]) for r in members]
+    if p["kind"] == "all_reduce":
+        if p["op"] == "sum":
+            return sum(ins[1:], ins[0].clone())
+        stacked = torch.stack(ins)
+        return stacked.amax(0) if p["op"] == "max" else stacked.amin(0)
+    if p["kind"] == "broadcast":
+        return ins[members.index(p["root"])]
+    return torch.cat(ins)  # all_gather
+
+
+# ---------------------------------------------------------------- a rank
+
+
+def _rss_and_fds():
+    # What the process holds, not what the allocator keeps cached for it.
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return rss, len(os.listdir("/proc/self/fd"))
+
+
+def worker(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import maestro_torch  # noqa: F401
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
+                          timeout=datetime.timedelta(seconds=600), wait_for_workers=True)
+    stats = {"rank": rank, "ok": 0, "wrong": [], "errors": 0, "error_latency": [], "skipped": 0,
+             "generations": 1, "rss": [], "fds": [], "destroy_s": [], "dropped": 0}
+    alive = list(range(world))  # original ranks still in the job
+    gen, i = 0, 0
+    print("SOAK-READY", flush=True)
+    while i < args.ops:
+        failed = False
+        start = time.monotonic()
+        # Ranks of this generation's groups are positions in `alive`; a
+        # subgroup that lost a member is gone, and so are its operations.
+        subs = {}
+        try:
+            dist.init_process_group("maestro", store=dist.PrefixStore(f"g{gen}", store), rank=alive.index(rank),
+                                    world_size=len(alive), timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+            for k, m in enumerate(SUBGROUPS):
+                if all(x in alive for x in m):
+                    subs[k] = dist.new_group([alive.index(x) for x in m], backend="maestro")
+        except RuntimeError as e:  # a set-up that a fault broke: a clean error too
+            _record_error(stats, "set-up", e, start)
+            failed = True
+        while i < args.ops and not failed:
+            p = plan(args.seed, i)
+            members = alive if p["group"] is None else p["members"]
+            if p["group"] is not None and p["group"] not in subs:
+                stats["dropped"] += 1  # its subgroup lost a rank
+            elif p["kind"] == "broadcast" and p["root"] not in members:
+                stats["dropped"] += 1  # its root was killed
+            elif rank not in members:
+                stats["skipped"] += 1
+            else:
+                g = None if p["group"] is None else subs[p["group"]]
+                start = time.monotonic()
+                try:
+                    got, want = _run_op(torch, dist, p, i, rank, members, g, alive)
+                    if want is not None and not torch.equal(got, want):
+                        stats["wrong"].append({"op": i, **{k: p[k] for k in ("kind", "n", "dtype", "op", "group")}})
+                    else:
+                        stats["ok"] += 1
+                except RuntimeError as e:
+                    _record_error(stats, f"#{i} {p['kind']} n={p['n']}", e, start)
+                    failed = True
+            i += 1
+            _sample(stats, i)
+        if dist.is_initialized():
+            t = time.monotonic()
+            dist.destroy_process_group()
+            stats["destroy_s"].append(round(time.monotonic() - t, 3))
+        if not failed and i >= args.ops:
+            store.set(f"g{gen + 1}/next/{rank}", str(i))  # finished: the others stop rather than wait for it
+            break
+        if failed:
+            # Who is still here, and where to go on (the furthest any got).
+            # Rank 0 holds the store and is never killed: it decides.
+            gen += 1
+            stats["generations"] += 1
+            store.set(f"g{gen}/next/{rank}", str(i))
+            if rank == 0:
+                here, until = {}, time.monotonic() + 10
+                while time.monotonic() < until and len(here) < len(alive):
+                    for r in alive:
+                        if r not in here and store.check([f"g{gen}/next/{r}"]):
+                            here[r] = int(store.get(f"g{gen}/next/{r}"))
+                    time.sleep(0.05)
+                store.set(f"g{gen}/plan", json.dumps({"alive": sorted(here), "next": max(here.values())}))
+            decided = json.loads(store.get(f"g{gen}/plan"))
+            if rank not in decided["alive"]:
+                break  # counted out (too late): leave
+            alive, i = decided["alive"], decided["next"]
+    stats["alive_at_end"] = alive
+    print("SOAK-RESULT " + json.dumps(stats), flush=True)
+    return 0
+
+
+def _sample(stats, i):
+    if i % 250 == 0:
+        rss, fds = _rss_and_fds()
+        stats["rss"].append(rss)
+        stats["fds"].append(fds)
+
+
+def _record_error(stats, what, e, start):
+    stats["errors"] += 1
+    stats["error_latency"].append(round(time.monotonic() - start, 3))
+    if len(stats.setdefault("messages", [])) < 5:
+        stats["messages"].append(f"{what}: {str(e).splitlines()[0][:200]}")
+
+
+def _run_op(torch, dist, p, i, rank, members, g, alive):
+    n, kind = p["n"], p["kind"]
+    x = _input(torch, p, i, rank, n)
+    if kind == "barrier":
+        dist.barrier(group=g)
+        return None, None
+    if kind == "all_reduce":
+        op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[p["op"]]
+        dist.all_reduce(x, op=op, group=g)
+        return x, _expected(torch, p, i, members)
+    if kind == "broadcast":
+        dist.broadcast(x, src=alive.index(p["root"]), group=g)  # a rank of this generation's world
+        return x, _expected(torch, p, i, members)
+    if kind == "all_gather":
+        out = torch.empty(n * len(members), dtype=x.dtype)
+        dist.all_gather_into_tensor(out, x, group=g)
+        return out, _expected(torch, p, i, members)
+    # reduce_scatter of a (len(members) * n) input: this rank's block summed
+    k = len(members)
+    full = [_input(torch, {**p, "n": n * k}, i, r, n * k) for r in members]
+    mine = full[members.index(rank)]
+    out = torch.empty(n, dtype=x.dtype)
+    dist.reduce_scatter_tensor(out, mine, group=g)
+    pos = members.index(rank)
+    return out, sum(f[pos * n:(pos + 1) * n] for f in full)
+
+
+# ---------------------------------------------------------------- the driver
+
+
+class Injector(threading.Thread):
+    """Faults at random moments: a spine link down for 1-3 s, one path's
+    socket destroyed (ss -K), a rank frozen for 0.5-3 s."""
+
+    def __init__(self, lab, ranks, seed):
+        super().__init__(daemon=True)
+        self.lab, self.ranks, self.rng = lab, ranks, random.Random(seed)
+        self.stop = threading.Event()
+        self.counts = {"link_flap": 0, "socket_destroyed": 0, "rank_frozen": 0, "rank_killed": 0}
+        self.kill_after = None  # seconds into the run: one rank (not 0, the store's) is killed then
+        self.started = time.monotonic()
+
+    def run(self):
+        kinds = ["link_flap", "socket_destroyed", "rank_frozen"]
+        while not self.stop.wait(self.rng.uniform(2, 5)):
+            kind = kinds[self.rng.randrange(len(kinds))]
+            if self.kill_after is not None and not self.counts["rank_killed"] and \
+                    time.monotonic() - self.started > self.kill_after:
+                kind = "rank_killed"
+            try:
+                getattr(self, kind)()
+                self.counts[kind] += 1
+            except Exception as e:  # noqa: BLE001 -- a fault that could not be injected is reported, not fatal
+                print(f"soak: could not inject {kind}: {e}", file=sys.stderr)
+
+    def link_flap(self):
+        leaf, spine = self.rng.randrange(self.lab.cfg.leaves), self.rng.randrange(self.lab.cfg.spines)
+        self.lab.link_down(leaf, spine)
+        self.stop.wait(self.rng.uniform(1, 3))
+        self.lab.link_up(leaf, spine)
+
+    def socket_destroyed(self):
+        h = self.rng.randrange(self.lab.cfg.hosts)
+        peer = self.rng.choice([x for x in range(self.lab.cfg.hosts) if x != h])
+        k = self.rng.randrange(len(self.lab.aliases(h)))
+        self.lab.run(h, ["ss", "-K", "src", self.lab.alias_addr(h, k), "dst", self.lab.alias_addr(peer, k)],
+                     check=True)
+
+    def rank_killed(self):
+        self.killed = self.rng.randrange(1, len(self.ranks.procs))
+        self.ranks.procs[self.killed].kill()
+
+    def rank_frozen(self):
+        live = [p for p in self.ranks.procs if p.poll() is None]
+        p = live[self.rng.randrange(len(live))]
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            self.stop.wait(self.rng.uniform(0.5, 3))
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+
+
+def write_markdown(s: dict, path: str):
+    """docs/soak.md from a run's summary (nothing typed by hand)."""
+    faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in s["faults"].items()) or "none"
+    rows = [
+        ("operations planned (each run by the ranks of its group)", s["ops_planned"]),
+        ("results checked, summed over ranks", s["ops_checked"]),
+        ("wrong results", len(s["wrong_results"])),
+        ("hung ranks", len(s["hung_ranks"])),
+        ("faults injected", faults),
+        ("operation failures with an error, summed over ranks", s["errors"]),
+        ("worst time from an operation's start to its error", f"{s['worst_error_latency_s']} s"),
+        ("group generations (a new group after each failure)", s["generations"]),
+        ("worst destroy_process_group", f"{s['worst_destroy_s']} s"),
+        ("killed rank; survivors at the end", f"{s['killed_rank']}; {s['survivors_at_end'][0] if s['survivors_at_end'] else '-'}"),
+        ("operations dropped because a member was killed", s["ops_dropped_with_a_killed_member"]),
+        ("RSS MB per surviving rank, first and last sample", s["rss_mb_first_last"]),
+        ("open descriptors, first and last sample", s["fds_first_last"]),
+    ]
+    text = ["# Soak with faults", "",
+            "Random operations on 4 ranks of the leaf-spine lab (pinned paths, 1 Gbit/s links) while a fault",
+            "injector flaps spine links, destroys single path sockets (`ss -K`), freezes ranks (SIGSTOP for",
+            "0.5-3 s, less than the group timeout) and kills one rank. Every result is checked exactly on",
+            "every rank; after an error the ranks agree on who is left and build a new group",
+            "(`benchmarks/soak.py`).", "",
+            f"Recorded with `{s['command']}` at {s['commit']}, {s['date'][:10]}, in {s['seconds']} s;",
+            f"group timeout {s['group_timeout_s']} s.", "",
+            "| measure | value |", "|---|---|"]
+    text += [f"| {k} | {v} |" for k, v in rows]
+    if s["error_messages"]:
+        text += ["", "The first errors, as the ranks reported them:", ""]
+        text += [f"- `{m}`" for m in s["error_messages"][:6]]
+    with open(path, "w") as f:
+        f.write("\n".join(text) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ops", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-faults", action="store_true", help="the same run without the injector (a baseline)")
+    ap.add_argument("--kill-after", type=float, default=None,
+                    help="kill one rank (not rank 0) this many seconds in; the survivors go on in a new group")
+    ap.add_argument("--deadline", type=float, default=3600, help="seconds before the run counts as hung")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "data", "soak.json"))
+    ap.add_argument("--markdown", default=None, help="also write this summary as markdown (docs/soak.md)")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import labrun
+    import netlab
+
+    started = time.time()
+    with netlab.Lab(name="soak", mode="pinned", core=1000, access=1000) as lab:
+        ranks = labrun.start(lab, [os.path.abspath(__file__), "--worker", "--ops", str(args.ops),
+                                   "--seed", str(args.seed)], world=4)
+        for r in range(4):
+            ranks.wait_for_line(r, "SOAK-READY", 120)
+        injector = Injector(lab, ranks, args.seed)
+        injector.kill_after = args.kill_after
+        if not args.no_faults:
+            injector.start()
+        results = ranks.wait(args.deadline)
+        injector.stop.set()
+        if injector.is_alive():
+            injector.join(10)
+    per_rank, hung = [], []
+    killed = getattr(injector, "killed", None)
+    for res in results:
+        line = next((l for l in res.stdout.splitlines() if l.startswith("SOAK-RESULT ")), None)
+        if res.rank == killed:
+            continue
+        if line is None:
+            hung.append({"rank": res.rank, "rc": res.returncode, "stderr": res.stderr[-2000:]})
+        else:
+            per_rank.append(json.loads(line[len("SOAK-RESULT "):]))
+    lat = [x for r in per_rank for x in r["error_latency"]]
+    summary = {
+        "command": "sudo .venv/bin/python benchmarks/soak.py " + " ".join(sys.argv[1:]),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                 text=True).stdout.strip(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(time.time() - started, 1), "ops_planned": args.ops, "group_timeout_s": GROUP_TIMEOUT_S,
+        "faults": {} if args.no_faults else injector.counts,
+        "ops_checked": sum(r["ok"] + len(r["wrong"]) for r in per_rank),
+        "wrong_results": [w for r in per_rank for w in r["wrong"]],
+        "errors": sum(r["errors"] for r in per_rank), "generations": max([r["generations"] for r in per_rank] or [0]),
+        "worst_error_latency_s": max(lat) if lat else None,
+        "worst_destroy_s": max([x for r in per_rank for x in r["destroy_s"]] or [0]),
+        "hung_ranks": hung,
+        "rss_mb_first_last": [[round(r["rss"][0] / 2**20), round(r["rss"][-1] / 2**20)] for r in per_rank if r["rss"]],
+        "fds_first_last": [[r["fds"][0], r["fds"][-1]] for r in per_rank if r["fds"]],
+        "error_messages": [m for r in per_rank for m in r.get("messages", [])][:10],
+        "killed_rank": killed, "survivors_at_end": [r["alive_at_end"] for r in per_rank],
+        "ops_dropped_with_a_killed_member": max([r["dropped"] for r in per_rank] or [0]),
+    }
+    print(json.dumps(summary, indent=1))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(summary, f, indent=1)
+    if args.markdown:
+        write_markdown(summary, args.markdown)
+    return 0 if not summary["wrong_results"] and not hung else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
