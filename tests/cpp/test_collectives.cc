@@ -171,6 +171,48 @@ TEST(CollectivesTimeout, MissingRankTimesOutWithAClearMessage) {
   }
 }
 
+// 64 ranks as threads of one process, 2 real loopback paths between every
+// pair (8,064 sockets, one event loop): every collective exact.
+TEST(CollectivesScale, SixtyFourRanksAsThreads) {
+  constexpr int n = 64;
+  World w(n, {{"paths", "2"}, {"chunk_size", "16K"}, {"segment_size", "64K"}});
+  for (auto& e : w.engines) ASSERT_TRUE(e) << "a rank did not join";
+  const uint64_t count = 4099;  // uneven blocks
+  std::vector<std::vector<float>> data(n, std::vector<float>(count)), gathered(n, std::vector<float>(count * n));
+  std::vector<std::vector<float>> scattered(n, std::vector<float>(count));
+  std::vector<std::vector<float>> rs_in(n, std::vector<float>(count * n));
+  for (int r = 0; r < n; ++r)
+    for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<float>((i + r) % 17);
+  for (int r = 0; r < n; ++r)
+    for (uint64_t i = 0; i < count * n; ++i) rs_in[r][i] = static_cast<float>((i + 3 * r) % 11);
+  auto errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    Window win = registered(e, data[r]);
+    allreduce(e, 1, win, count, DType::kFloat32, ReduceOp::kSum, after(120));
+    Window all = registered(e, gathered[r]);
+    allgather(e, 2, data[r].data(), all, count, DType::kFloat32, after(120));
+    reduceScatter(e, 3, rs_in[r].data(), scattered[r].data(), count, DType::kFloat32, ReduceOp::kSum, after(120));
+    broadcast(e, 4, win, count, DType::kFloat32, 63, after(120));
+    barrier(e, 5, after(120));
+    e.deregisterMemory(all.region);
+    e.deregisterMemory(win.region);
+  });
+  for (int r = 0; r < n; ++r) ASSERT_EQ("", errorText(errors[r])) << "rank " << r;
+  for (int r = 0; r < n; ++r) {
+    for (uint64_t i = 0; i < count; ++i) {
+      float sum = 0, rs = 0;
+      for (int q = 0; q < n; ++q) {
+        sum += static_cast<float>((i + q) % 17);
+        rs += static_cast<float>((r * count + i + 3 * q) % 11);
+      }
+      ASSERT_EQ(sum, data[r][i]) << "allreduce+broadcast, rank " << r << " element " << i;
+      ASSERT_EQ(rs, scattered[r][i]) << "reduce_scatter, rank " << r << " element " << i;
+    }
+    for (int q = 0; q < n; ++q)  // rank q's tensor after the allreduce: the sum
+      ASSERT_EQ(data[q][7], gathered[r][q * count + 7]) << "allgather, rank " << r << " block " << q;
+  }
+}
+
 // One large reduce_scatter does not keep its working copy pinned for the
 // life of the group: after a run of small operations it is given back.
 TEST(CollectivesMemory, ALargeOperationsBufferIsFreedAfterSmallOnes) {
