@@ -24,6 +24,7 @@
 
 #include "c10d/work.hpp"
 #include "collectives/collectives.h"
+#include "collectives/p2p.h"
 #include "multipath/engine.h"
 #include "multipath/registration_cache.h"
 
@@ -55,6 +56,12 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> reduce_scatter_single(at::Tensor& output, at::Tensor& input,
                                                          const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+  // Point to point (collectives/p2p.h): beside the collectives, not in
+  // their sequence; either side may post first.
+  c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
   uint64_t getSequenceNumberForGroup() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -109,7 +116,11 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   collectives::Window window(const at::Tensor& t);
   void release(const at::Tensor& t);
 
+  // peer -1: any source (recv only).
+  c10::intrusive_ptr<::c10d::Work> pointToPoint(bool send, std::vector<at::Tensor>& tensors, int peer, int tag);
+
   std::shared_ptr<multipath::Engine> engine_;  // guarded by mu_ for threads other than the worker
+  std::unique_ptr<collectives::PointToPoint> p2p_;  // stopped before the cache and the engine go
   std::shared_ptr<multipath::RegistrationCache> cache_;
   std::atomic<std::chrono::milliseconds> timeout_;
 
