@@ -238,10 +238,10 @@ void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t seq = ++seq_;  // the operation the peers are about to run
     msg = strcat("maestro ", name, " #", seq, " rejected on rank ", getRank(), ": ", why);
-    if (!broken_) {
-      broken_ = std::make_exception_ptr(Error(msg));
-      broken_what_ = msg;
-    }
+    // Nothing moved here: the group stays usable on this rank. A peer that
+    // did start the operation fails it on the abort (and is then unusable,
+    // as after any failure); if every rank refused it (an unsupported op or
+    // dtype), nobody started it and every rank goes on.
     if (engine_) engine_->broadcastAbort(seq, msg);  // null: shut down, nobody to tell
   }
   throw Error(msg);

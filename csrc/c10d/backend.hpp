@@ -6,8 +6,9 @@
 // operation for the group's worker thread, which runs operations one at a
 // time in sequence order, each with the group timeout as its deadline. The
 // returned Work completes with the outputs or with the error. The first error
-// leaves the group unusable (its peers were aborted in the middle of an
-// operation); later calls fail at once saying so.
+// of a running operation leaves the group unusable (its peers were aborted in
+// the middle of it); later calls fail at once saying so. A call refused by
+// the input checks before it ran does not.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -92,7 +93,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
                                            std::vector<at::Tensor> inputs, Job job);
   // An input check failed on this rank: abort the operation it would have
-  // been on every rank (so no peer waits for it), then throw.
+  // been on every rank (so no peer waits for it), then throw. The sequence
+  // number is used up, so the ranks stay in step; this rank stays usable.
   [[noreturn]] void reject(const char* name, const std::string& why);
   void workerLoop();
   void stopWorker(bool drain);
