@@ -1,4 +1,5 @@
 // libFuzzer target: control messages from a peer (descriptors, credits,
+// point-to-point ready/grant/done,
 // barrier tokens, aborts, pings, path-down notices) fed to a live engine of
 // a 2-rank group over loopback, as its transport delivers them. A message
 // the protocol forbids must fail the peer with a message, never crash. The
@@ -41,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // is failed); otherwise it becomes a whole header of a known type.
   if (msg.empty() || msg[0] != 0xEE) {
     if (msg.empty()) msg.push_back(1);
-    msg[0] = static_cast<uint8_t>(1 + msg[0] % 8);
+    msg[0] = static_cast<uint8_t>(1 + msg[0] % 11);  // kDesc .. kP2PDone
     if (msg.size() < 16) msg.resize(16, 0);
   }
   if (msg.size() >= 16 && msg[1] != 0xEE) {  // near operations but for 0xEE: far ones end the group

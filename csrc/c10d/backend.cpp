@@ -146,6 +146,7 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
   engine_ = std::make_unique<multipath::Engine>(options, rendezvous, rank, size, deadlineAfter(timeout),
                                                 master ? master : "");
   cache_ = std::make_unique<multipath::RegistrationCache>(&engine_->transport(), engine_->config().reg_cache_size);
+  p2p_ = std::make_unique<collectives::PointToPoint>(*engine_);
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -183,6 +184,9 @@ void ProcessGroupMaestro::stopWorker(bool drain) {
                                         : "the process group was aborted");
   running = nullptr;
   worker_.join();
+  // Messages still in flight fail; their buffers are unpinned while the
+  // cache is still here.
+  if (p2p_) p2p_->stop(drain ? "the process group was shut down" : "the process group was aborted");
   std::shared_ptr<multipath::RegistrationCache> cache;
   std::shared_ptr<multipath::Engine> engine;
   {
@@ -235,10 +239,10 @@ void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t seq = ++seq_;  // the operation the peers are about to run
     msg = strcat("maestro ", name, " #", seq, " rejected on rank ", getRank(), ": ", why);
-    if (!broken_) {
-      broken_ = std::make_exception_ptr(Error(msg));
-      broken_what_ = msg;
-    }
+    // Nothing moved here: the group stays usable on this rank. A peer that
+    // did start the operation fails it on the abort (and is then unusable,
+    // as after any failure); if every rank refused it (an unsupported op or
+    // dtype), nobody started it and every rank goes on.
     if (engine_) engine_->broadcastAbort(seq, msg);  // null: shut down, nobody to tell
   }
   throw Error(msg);
@@ -524,6 +528,59 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::barrier(const ::c10d::BarrierOptions&) {
   return enqueue(::c10d::OpType::BARRIER, "maestro:barrier", {}, {},
                  [this](uint64_t seq, Deadline deadline) { collectives::barrier(*engine_, seq, deadline); });
+}
+
+// ---------------------------------------------------------------- point to point
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  return pointToPoint(true, tensors, dstRank, tag);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  MAESTRO_CHECK(srcRank >= 0, "recv: source rank ", srcRank, " is not a rank of this group of ", getSize());
+  return pointToPoint(false, tensors, srcRank, tag);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return pointToPoint(false, tensors, -1, tag);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(bool send, std::vector<at::Tensor>& tensors,
+                                                                   int peer, int tag) {
+  const char* name = send ? "send" : "recv";
+  // Only this rank and its peer are involved: a bad argument raises here and
+  // leaves the group as it was (the peer's matching call times out).
+  checkOne(tensors, name);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MAESTRO_CHECK(!stopping_ && engine_, "maestro ", name, ": the process group was shut down");
+  }
+  at::Tensor tensor = tensors[0];
+  // Zero copy where the layout allows: the peer writes straight into a
+  // contiguous recv tensor, a send is read straight from a contiguous one.
+  at::Tensor buffer = tensor.is_contiguous() ? tensor : (send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
+  auto work = c10::make_intrusive<MaestroWork>(getRank(), send ? ::c10d::OpType::SEND : (peer < 0 ? ::c10d::OpType::RECVANYSOURCE : ::c10d::OpType::RECV),
+                                               0, send ? "maestro:send" : "maestro:recv",
+                                               send ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{tensor},
+                                               std::vector<at::Tensor>{tensor});
+  auto pin = std::make_shared<Pinned>(this, buffer);
+  const uint64_t bytes = buffer.numel() * buffer.element_size();
+  collectives::PointToPoint::Done done = [work, pin, tensor, buffer, send](std::exception_ptr error, int source) mutable {
+    if (!error && !send && !buffer.is_same(tensor)) {
+      try {
+        tensor.copy_(buffer);
+      } catch (const std::exception&) {
+        error = std::current_exception();
+      }
+    }
+    pin.reset();  // unpinned before the Work completes: the caller may free the tensor then
+    if (!send) work->setSource(source);
+    work->complete(error);
+  };
+  const Deadline deadline = deadlineAfter(timeout_.load());
+  if (send) p2p_->send(peer, static_cast<uint32_t>(tag), pin->window, bytes, deadline, std::move(done));
+  else p2p_->recv(peer, static_cast<uint32_t>(tag), pin->window, bytes, deadline, std::move(done));
+  return work;
 }
 
 }  // namespace c10d_glue

@@ -6,8 +6,9 @@
 // operation for the group's worker thread, which runs operations one at a
 // time in sequence order, each with the group timeout as its deadline. The
 // returned Work completes with the outputs or with the error. The first error
-// leaves the group unusable (its peers were aborted in the middle of an
-// operation); later calls fail at once saying so.
+// of a running operation leaves the group unusable (its peers were aborted in
+// the middle of it); later calls fail at once saying so. A call refused by
+// the input checks before it ran does not.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -24,6 +25,7 @@
 
 #include "c10d/work.hpp"
 #include "collectives/collectives.h"
+#include "collectives/p2p.h"
 #include "multipath/engine.h"
 #include "multipath/registration_cache.h"
 
@@ -56,6 +58,12 @@ class ProcessGroupMaestro : public ::c10d::Backend {
                                                          const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
 
+  // Point to point (collectives/p2p.h): beside the collectives, not in
+  // their sequence; either side may post first.
+  c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
   uint64_t getSequenceNumberForGroup() override {
     std::lock_guard<std::mutex> lock(mu_);
     return seq_;
@@ -85,7 +93,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
                                            std::vector<at::Tensor> inputs, Job job);
   // An input check failed on this rank: abort the operation it would have
-  // been on every rank (so no peer waits for it), then throw.
+  // been on every rank (so no peer waits for it), then throw. The sequence
+  // number is used up, so the ranks stay in step; this rank stays usable.
   [[noreturn]] void reject(const char* name, const std::string& why);
   void workerLoop();
   void stopWorker(bool drain);
@@ -122,7 +131,11 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // when it is contiguous, else on a staged copy that is copied back.
   void inPlace(const at::Tensor& tensor, const std::function<void(const collectives::Window&)>& run);
 
+  // peer -1: any source (recv only).
+  c10::intrusive_ptr<::c10d::Work> pointToPoint(bool send, std::vector<at::Tensor>& tensors, int peer, int tag);
+
   std::shared_ptr<multipath::Engine> engine_;  // guarded by mu_ for threads other than the worker
+  std::unique_ptr<collectives::PointToPoint> p2p_;  // stopped before the cache and the engine go
   std::shared_ptr<multipath::RegistrationCache> cache_;
   std::atomic<std::chrono::milliseconds> timeout_;
 

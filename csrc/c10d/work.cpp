@@ -42,6 +42,12 @@ bool MaestroWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+int MaestroWork::sourceRank() const {
+  const int source = source_.load();
+  if (source < 0) return ::c10d::Work::sourceRank();  // torch's error: not a completed recv
+  return source;
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> MaestroWork::getFuture() { return future_; }
 
 std::vector<at::Tensor> MaestroWork::result() { return outputs_; }

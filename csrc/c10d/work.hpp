@@ -7,6 +7,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <vector>
@@ -29,12 +30,18 @@ class MaestroWork : public ::c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override { return seq_; }
+  // recv / recv from any source: the rank the message came from.
+  int sourceRank() const override;
+
+  // Before complete(): the rank a received message came from.
+  void setSource(int rank) { source_.store(rank); }
 
   // Called once by the worker.
   void complete(std::exception_ptr error);
 
  private:
   const uint64_t seq_;
+  std::atomic<int> source_{-1};
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> inputs_;  // kept alive until the operation is done
   c10::intrusive_ptr<c10::ivalue::Future> future_;

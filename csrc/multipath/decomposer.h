@@ -2,10 +2,11 @@
 // (the last one shorter); each chunk becomes one one-sided write on some path
 // and carries its identity in the 32-bit immediate:
 //
-//     imm = tag (12 bits) << 20 | chunk index (20 bits)
+//     imm = tag (13 bits) << 19 | chunk index (19 bits)
 //
 // The tag names the message among those in flight between two ranks (the
-// collectives derive it from the operation and the step), the chunk index
+// collectives derive it from the operation and the step; point-to-point
+// messages use tags the receiver hands out), the chunk index
 // lets the receiver count each chunk exactly once even if a failover sends it
 // twice. Both sides know chunk_size (a group-wide knob), so the receiver
 // derives a chunk's offset and length from its index.
@@ -17,13 +18,23 @@
 namespace maestro {
 namespace multipath {
 
-constexpr int kTagBits = 12;
-constexpr int kChunkBits = 20;
+constexpr int kTagBits = 13;
+constexpr int kChunkBits = 19;
 constexpr uint32_t kMaxTags = 1u << kTagBits;
 constexpr uint32_t kMaxChunksPerMessage = 1u << kChunkBits;
 // A tag's top bits are the epoch of its operation (seq mod 4), the rest the
 // message's index within the operation.
 constexpr int kEpochShift = 10;
+// Tags below kP2PTagBase belong to collective operations (epoch in bits
+// 10-11). The kP2PTags above it carry point-to-point messages, which run
+// beside the collectives and outlive operations: the receiver hands them out
+// (one per message piece) and takes one back only when the sender confirms
+// its writes on it are over, so no epoch is needed to tell uses apart.
+constexpr uint32_t kP2PTagBase = 1u << 12;
+constexpr uint32_t kP2PTags = 1024;
+constexpr uint32_t kUsedTags = kP2PTagBase + kP2PTags;  // tags in use (< kMaxTags)
+static_assert(kUsedTags <= kMaxTags, "point-to-point tags must fit the immediate");
+inline bool isP2PTag(uint32_t tag) { return tag >= kP2PTagBase && tag < kUsedTags; }
 
 struct ChunkSpan {
   uint32_t index = 0;

@@ -136,6 +136,7 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   // Size every peer's path table before the first path opens: completions
   // may arrive as soon as it does.
   auto now = Clock::now();
+  p2p_waiting_.assign(size_, 0);
   for (int i = 0; i < size_; ++i) {
     peers_.push_back(std::make_unique<Peer>(i, config_));
     if (i == rank_) continue;
@@ -384,7 +385,7 @@ void Engine::post(Peer& peer, int path, ChunkDesc* c) {
 std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
                                       uint64_t dst_offset, uint64_t length, uint32_t tag) {
   MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
-  MAESTRO_CHECK(tag < kMaxTags, "message tag ", tag, " out of range");
+  MAESTRO_CHECK(tag < kUsedTags, "message tag ", tag, " out of range");
   MAESTRO_CHECK(src_offset <= src.length && length <= src.length - src_offset, "write source [", src_offset, ", +",
                 length, ") outside its region of ", src.length, " bytes");
   auto op = std::make_shared<SendOp>();
@@ -587,7 +588,9 @@ void Engine::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {
     p.last_heard = Clock::now();
     // Only the current operation's chunks can be legitimate: a peer writes
     // to us only after our descriptor for that operation reached it.
-    if ((tag >> kEpochShift) == current_epoch_.load()) {
+    // Point-to-point messages are not operations: their tags are handed out
+    // by this rank and taken back only when the sender is done with them.
+    if (isP2PTag(tag) || (tag >> kEpochShift) == current_epoch_.load()) {
       landed = p.reassembler.land(tag, immChunk(imm), length, &span, &hook, &error);
       if (landed == Reassembler::Landed::kError)
           markUnreachable(p, strcat("protocol error from rank ", peer, " on path ", slot_index, ": ", error));
@@ -884,6 +887,31 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         aborts_.emplace(h.seq, std::string(reinterpret_cast<const char*>(body), body_len));
         break;
       }
+      case ControlType::kP2PReady:
+      case ControlType::kP2PGrant:
+      case ControlType::kP2PDone: {
+        {
+          std::lock_guard<std::mutex> lock(p.mu);
+          p.last_heard = Clock::now();
+        }
+        bool overflow = false;
+        {
+          std::lock_guard<std::mutex> lock(p2p_mu_);
+          if (p2p_waiting_[peer] >= kMaxInbox) {
+            overflow = true;
+          } else {
+            ++p2p_waiting_[peer];
+            p2p_inbox_.push_back(P2PMessage{peer, static_cast<ControlType>(h.type), h.seq, h.sub,
+                                            std::vector<uint8_t>(body, body + body_len)});
+          }
+        }
+        if (overflow) {
+          std::lock_guard<std::mutex> lock(p.mu);
+          markUnreachable(p, strcat("protocol error from rank ", peer, ": more than ", kMaxInbox,
+                                    " point-to-point control messages waiting"));
+        }
+        break;
+      }
       case ControlType::kDesc:
       case ControlType::kCredit:
       case ControlType::kBarrier: {
@@ -908,6 +936,26 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
     }
   }
   notify();
+}
+
+bool Engine::takeP2P(std::vector<P2PMessage>* out) {
+  std::lock_guard<std::mutex> lock(p2p_mu_);
+  if (p2p_inbox_.empty()) return false;
+  for (auto& m : p2p_inbox_) {
+    --p2p_waiting_[m.peer];
+    out->push_back(std::move(m));
+  }
+  p2p_inbox_.clear();
+  return true;
+}
+
+void Engine::recycleTag(int peer, uint32_t tag) {
+  MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
+  MAESTRO_CHECK(isP2PTag(tag), "tag ", tag, " is not a point-to-point tag");
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  MAESTRO_CHECK(!p.receiving.count(tag), "point-to-point tag ", tag, " from rank ", peer, " is still expected");
+  p.reassembler.reset(tag, 1);
 }
 
 void Engine::onPathError(int peer, int transport_path, const std::string& what) {

@@ -48,6 +48,20 @@ namespace multipath {
 enum class ControlType : uint8_t {
   kDesc = 1, kCredit = 2, kAbort = 3, kBarrier = 4, kPing = 5, kPong = 6, kBye = 7,
   kPathDown = 8,  // "your path <sub> to me is dead": verified by a probe, then closed (its opener reconnects)
+  // Point to point (collectives/p2p.h); seq is the sender's message number
+  // towards this receiver, not an operation.
+  kP2PReady = 9,   // sender -> receiver: message <seq> with user tag <sub> and its size is waiting
+  kP2PGrant = 10,  // receiver -> sender: write message <seq> here, on these engine tags (or: refused)
+  kP2PDone = 11,   // sender -> receiver: message <seq>'s writes are over (or: it was cancelled)
+};
+
+// A point-to-point control message as it arrived.
+struct P2PMessage {
+  int peer = -1;
+  ControlType type = ControlType::kP2PReady;
+  uint64_t seq = 0;
+  uint32_t sub = 0;
+  std::vector<uint8_t> body;
 };
 
 struct ControlKey {
@@ -160,8 +174,19 @@ class Engine : public transport::CompletionSink {
   // The reason, if interrupt() was called.
   bool interrupted(std::string* why) const;
 
+  // ---- point to point ----
+  // Appends the point-to-point control messages that arrived since the last
+  // call, in arrival order; false if there were none. They wait here (at
+  // most kMaxInbox from one peer) until the point-to-point layer takes them.
+  bool takeP2P(std::vector<P2PMessage>* out);
+  // A point-to-point tag from `peer` (released after its message) may carry
+  // a new message: the sender confirmed no write on it is left.
+  void recycleTag(int peer, uint32_t tag);
+
   // ---- progress ----
   uint64_t eventCount() const { return events_.load(); }
+  // Wake every waitEvent() (new work was posted from outside the engine).
+  void wake() { notify(); }
   // Sleep until something happens after `seen` (false at the deadline).
   bool waitEvent(uint64_t seen, Deadline deadline);
   // Throws if `peer` can no longer be reached (every path down).
@@ -238,6 +263,10 @@ class Engine : public transport::CompletionSink {
   // keep its size pinned for the life of the group).
   void trimBuffers();
   void freeBuffer(const Buffer& b);
+
+  std::mutex p2p_mu_;
+  std::deque<P2PMessage> p2p_inbox_;
+  std::vector<size_t> p2p_waiting_;  // per peer, in p2p_inbox_
 
   std::mutex samples_mu_;
   std::vector<double> chunk_samples_;  // ring buffer of chunk completion times

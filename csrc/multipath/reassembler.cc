@@ -5,7 +5,7 @@
 namespace maestro {
 namespace multipath {
 
-Reassembler::Reassembler(uint64_t chunk_size) : chunk_size_(chunk_size), messages_(kMaxTags) {}
+Reassembler::Reassembler(uint64_t chunk_size) : chunk_size_(chunk_size), messages_(kUsedTags) {}
 
 bool Reassembler::testAndSet(Message& m, uint32_t chunk) {
   size_t word = chunk / 64;
@@ -17,7 +17,7 @@ bool Reassembler::testAndSet(Message& m, uint32_t chunk) {
 }
 
 std::vector<ChunkSpan> Reassembler::expect(uint32_t tag, uint64_t bytes, std::shared_ptr<ChunkHook> hook) {
-  MAESTRO_CHECK(tag < kMaxTags, "message tag ", tag, " out of range");
+  MAESTRO_CHECK(tag < kUsedTags, "message tag ", tag, " out of range");
   Message& m = messages_[tag];
   MAESTRO_CHECK(!m.expected, "message tag ", tag, " is already expected (collective schedule bug)");
   m.expected = true;
@@ -38,7 +38,7 @@ std::vector<ChunkSpan> Reassembler::expect(uint32_t tag, uint64_t bytes, std::sh
 
 Reassembler::Landed Reassembler::land(uint32_t tag, uint32_t chunk, uint64_t length, ChunkSpan* span_out,
                                       std::shared_ptr<ChunkHook>* hook_out, std::string* error) {
-  if (tag >= kMaxTags || chunk >= kMaxChunksPerMessage) {
+  if (tag >= kUsedTags || chunk >= kMaxChunksPerMessage) {
     *error = strcat("chunk id out of range (tag ", tag, ", chunk ", chunk, ")");
     return Landed::kError;
   }
@@ -82,7 +82,7 @@ void Reassembler::release(uint32_t tag) {
 }
 
 void Reassembler::reset(uint32_t first, uint32_t count) {
-  MAESTRO_CHECK(first <= kMaxTags && count <= kMaxTags - first, "tags [", first, ", +", count, ") out of range");
+  MAESTRO_CHECK(first <= kUsedTags && count <= kUsedTags - first, "tags [", first, ", +", count, ") out of range");
   for (uint32_t t = first; t < first + count; ++t) messages_[t] = Message();
 }
 

@@ -68,7 +68,16 @@ def sparse_tensor(rank, world):
 
 def unsupported_op(rank, world):
     _init()
-    return {"error": _error_of(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND))}
+    err = _error_of(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND))
+    # Every rank refused it before anything moved: the group goes on.
+    t = torch.full((4,), float(rank))
+    later = _error_of(lambda: dist.all_reduce(t))
+    err2 = _error_of(lambda: dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.int8),
+                                                        torch.ones(2 * world, dtype=torch.int8), op=dist.ReduceOp.BXOR))
+    b = torch.full((3,), float(rank))
+    later2 = _error_of(lambda: dist.broadcast(b, src=world - 1))
+    return {"error": err, "later": later, "result": t.tolist(), "error2": err2, "later2": later2,
+            "broadcast": b.tolist()}
 
 
 def skipped_collective(rank, world):

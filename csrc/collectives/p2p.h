@@ -1,0 +1,127 @@
+// Point to point: send / recv / recv from any source between two ranks of a
+// group, on the same engine primitives as the collectives (a message is
+// written one-sided, chunk by chunk, over every path to the peer, straight
+// into the receiver's buffer).
+//
+// Unlike a collective, a message involves two ranks only and does not take
+// an operation number: it runs beside the collectives, and either side may
+// post first. A rendezvous, receiver-driven so that the data lands in place:
+//
+//   sender                         receiver
+//   READY(n, tag, bytes)  ------>  matched with a posted recv (in order)
+//                         <------  GRANT(n): its buffer (exposed for this
+//                                  message) and the engine tags to use
+//   writes (chunked, all paths) -> lands in place; recv completes
+//   DONE(n)               ------>  the tags may carry another message
+//
+// n numbers the sender's messages to that receiver (1, 2, ...); the receiver
+// takes READYs in that order whatever path carried them, and matches them
+// like torch/Gloo: a recv takes the oldest unmatched message from its source
+// (any source: from any rank) with its tag; an unmatched READY waits for the
+// next recv that fits. So messages between a pair with the same tag match in
+// the order they were sent. Sizes must agree: a mismatch fails both sides.
+//
+// Every control message may arrive twice (failover re-sends it): each is
+// acted on once, by its number. A send that gave up (deadline) answers a
+// later GRANT with DONE(cancelled), so its receiver fails instead of waiting.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/op.h"
+#include "multipath/engine.h"
+
+namespace maestro {
+namespace collectives {
+
+class PointToPoint {
+ public:
+  // Called once, on the point-to-point thread, when the message is over:
+  // error null on success; source is the rank it came from (recv) or went to.
+  // The buffer may be handed back to the user then: nothing reads or writes
+  // it any more.
+  using Done = std::function<void(std::exception_ptr error, int source)>;
+
+  // max_piece_bytes: cut messages into pieces of at most this many bytes
+  // (0: the largest one engine message can carry; tests make it small).
+  explicit PointToPoint(multipath::Engine& engine, uint64_t max_piece_bytes = 0);
+  ~PointToPoint();  // stop("the process group was shut down")
+  PointToPoint(const PointToPoint&) = delete;
+  PointToPoint& operator=(const PointToPoint&) = delete;
+
+  // `buffer` (bytes at buffer.base) stays valid and unchanged until done.
+  void send(int peer, uint32_t tag, const Window& buffer, uint64_t bytes, Deadline deadline, Done done);
+  // peer -1: from any source.
+  void recv(int peer, uint32_t tag, const Window& buffer, uint64_t bytes, Deadline deadline, Done done);
+  // Fail every message not finished with `why` and stop the thread; writes
+  // already posted are waited for (bounded by the path timeout) so no buffer
+  // is read after this returns. Idempotent.
+  void stop(const std::string& why);
+
+  // Largest message piece: one engine message per piece (its chunk index
+  // must fit the immediate).
+  uint64_t pieceBytes() const;
+
+ private:
+  struct Send;
+  struct Recv;
+  struct Ready {  // a sender's message waiting for a recv
+    int peer;
+    uint64_t seq;
+    uint32_t tag;
+    uint64_t bytes;
+  };
+  struct Matched;  // a recv matched with a READY, until the sender's DONE
+
+  void loop();
+  void ensureThread();                           // mu_ held
+  void handle(multipath::P2PMessage& m);         // thread
+  void onReady(const Ready& r);                  // thread
+  void onGrant(multipath::P2PMessage& m);        // thread
+  void onDone(const multipath::P2PMessage& m);   // thread
+  void match(std::shared_ptr<Recv> r, const Ready& ready);  // thread
+  void grant(Matched& m);                        // thread: tags available
+  void progress();                               // thread: completions, deadlines, dead peers
+  void finish(std::shared_ptr<Send> s, std::exception_ptr error);
+  void finish(std::shared_ptr<Recv> r, std::exception_ptr error);
+  void freeTags(int peer, const std::vector<uint32_t>& tags);
+  void control(int peer, multipath::ControlType type, uint64_t seq, uint32_t sub, const void* body = nullptr,
+               size_t length = 0);
+
+  multipath::Engine& engine_;
+  const int n_;
+  const uint64_t max_piece_bytes_;
+
+  std::mutex mu_;  // guards the posting side: new_sends_, new_recvs_, stopping_, thread_
+  std::vector<std::shared_ptr<Send>> new_sends_;
+  std::vector<std::shared_ptr<Recv>> new_recvs_;
+  bool stopping_ = false;
+  std::string stop_why_;
+  std::thread thread_;
+
+  // Owned by the thread.
+  std::vector<uint64_t> next_send_seq_;                     // per peer: our next message number to it
+  std::vector<std::map<uint64_t, std::shared_ptr<Send>>> sends_;  // per peer, by number
+  std::vector<std::set<uint64_t>> cancelled_;               // per peer: sends that gave up before a GRANT
+  std::vector<uint64_t> next_ready_;                        // per peer: the READY number taken next
+  std::vector<std::map<uint64_t, Ready>> early_ready_;      // per peer: READYs ahead of it
+  std::deque<Ready> unexpected_;                            // READYs no recv took yet, in arrival order
+  std::deque<std::shared_ptr<Recv>> posted_;                // recvs not yet matched, in post order
+  std::vector<std::map<uint64_t, std::shared_ptr<Matched>>> matched_;  // per peer, by the sender's number
+  std::vector<std::deque<std::shared_ptr<Matched>>> want_tags_;       // per peer: matched, no tags free yet
+  std::vector<std::vector<uint32_t>> free_tags_;            // per peer
+};
+
+}  // namespace collectives
+}  // namespace maestro

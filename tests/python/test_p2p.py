@@ -1,0 +1,45 @@
+"""Point to point on 2 and 3 rank processes over four loopback paths: every
+dtype and size through isend/irecv, blocking send/recv, tags matched in
+order, recv from any source, either side posting first, non-contiguous
+tensors, batch_isend_irecv, many messages beside collectives; bad ranks,
+mismatched sizes and unmatched messages are clear errors, never hangs."""
+import pytest
+
+import p2p_workers
+from launcher import run_ranks
+
+WORLDS = [2, 3]
+CASES = p2p_workers.cases()
+ENV = {"MAESTRO_CHUNK_SIZE": "16K"}
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
+def world_results(request):
+    world = request.param
+    return world, run_ranks(world, p2p_workers.matrix, CASES, env=ENV, timeout=600)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_p2p(world_results, case):
+    world, results = world_results
+    errors = []
+    for rank, (status, value) in enumerate(results):
+        if status != "ok":
+            errors.append(f"rank {rank} {status}: {value}")
+        elif value.get(case):
+            errors.append(f"rank {rank}: {value[case]}")
+    assert not errors, "\n".join(errors)
+
+
+def test_unmatched_messages_time_out_and_leave_the_group_usable():
+    results = run_ranks(2, p2p_workers.unmatched, timeout=120)
+    for rank, (status, value) in enumerate(results):
+        assert status == "ok", f"rank {rank} {status}: {value}"
+    r0, r1 = results[0][1], results[1][1]
+    assert "timed out" in r0["recv"] and "rank 1" in r0["recv"], r0["recv"]
+    assert "timed out" in r0["send"] and "did not post a matching recv" in r0["send"], r0["send"]
+    assert r0["seconds"] < 15
+    assert r0["after"] == r1["after"] == [1.0] * 4
+    assert "gave up its send" in r1["late"], r1["late"]
+    assert r0["peer_gone"], "a recv from a rank that exited must fail"
+    assert r0["peer_gone_seconds"] < 15
