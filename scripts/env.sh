@@ -32,8 +32,12 @@ for line in open(sys.argv[1]):
 PYEOF
 }
 mismatch=$(pin_mismatch)
-if [ -n "$mismatch" ] || ! "$PY" -c "import torch, torchvision, tqdm, pytest, numpy, matplotlib" 2>/dev/null; then
-  echo "== installing requirements/dev.txt: the pinned torch pair (${mismatch:+${mismatch//$'\n'/; }; }a few minutes), tqdm, test tools, matplotlib"
+# find_spec, not import: transformers alone takes a second to import.
+if [ -n "$mismatch" ] || ! "$PY" -c "
+import importlib.util, sys
+sys.exit(any(importlib.util.find_spec(m) is None
+             for m in ('torch', 'torchvision', 'tqdm', 'transformers', 'pytest', 'numpy', 'matplotlib')))" 2>/dev/null; then
+  echo "== installing requirements/dev.txt: the pinned torch pair (${mismatch:+${mismatch//$'\n'/; }; }a few minutes), tqdm, transformers, test tools, matplotlib"
   "$PY" -m pip install -q -r "$ROOT/requirements/dev.txt"
   mismatch=$(pin_mismatch)
   [ -z "$mismatch" ] || { echo "error: after installing requirements/dev.txt: $mismatch" >&2; exit 1; }
