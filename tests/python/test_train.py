@@ -128,3 +128,25 @@ def test_maestro_options_are_refused_for_gloo(capsys):
     assert train_main(["--backend", "gloo", "--paths", "2"]) == 2
     err = capsys.readouterr().err
     assert "--paths: maestro's options, not gloo's" in err, err
+
+
+def test_readme_train_section_is_train_py():
+    """README's "Train a model on maestro": its command parses, and every flag
+    it names is one of train.py's."""
+    import re
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train
+
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme[readme.index("## Train a model on maestro"):]
+    section = section[:section.index("\n## ")]
+    commands = [l.split("benchmarks/train.py", 1)[1].split() for l in section.splitlines()
+                if "torchrun" in l and "benchmarks/train.py" in l]
+    assert commands, section
+    ap = train.parser()
+    for argv in commands:
+        ap.parse_args(argv)
+    known = {o for a in ap._actions for o in a.option_strings}
+    named = set(re.findall(r"`(--[a-z-]+)", section))
+    assert named and named <= known, f"README names flags train.py lacks: {named - known}"
