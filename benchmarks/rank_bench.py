@@ -9,7 +9,7 @@ one "RESULT <json>" line at the end.
     python benchmarks/rank_bench.py p2p --size 64M --paths 1,2,4,8
     python benchmarks/rank_bench.py chunks --size 64M --chunks 12800,51200
     python benchmarks/rank_bench.py barrier --variants latency,round_robin
-    python benchmarks/rank_bench.py models --model vgg19 [--buckets-only]
+    python benchmarks/rank_bench.py models --model vgg19
     python benchmarks/rank_bench.py setup --paths 1,2,4,8
     python benchmarks/rank_bench.py discover --trials 20
     python benchmarks/rank_bench.py loop --size 16M --seconds 12
@@ -212,61 +212,50 @@ def cmd_barrier(args):
 
 # ---------------------------------------------------------------- models
 
+def ddp_buckets(numels: list[int], cap_bytes: int = 25 << 20, first_cap_bytes: int = 1 << 20,
+                elem: int = 4) -> list[int]:
+    """Element counts of DDP's gradient buckets: parameters in reverse order
+    (gradients become ready back to front), the first bucket capped at 1 MiB,
+    the others at `cap_bytes`; a larger parameter is a bucket of its own."""
+    buckets, cur, cap = [], 0, first_cap_bytes
+    for n in reversed(numels):
+        if cur and (cur + n) * elem > cap:
+            buckets.append(cur)
+            cur, cap = 0, cap_bytes
+        cur += n
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
 def cmd_models(args):
-    """Gradient synchronisation of a model under DDP, maestro vs gloo: time
-    per iteration, compute alone (no_sync), and the exposed communication.
-    --buckets-only skips forward/backward: the model's gradient buckets (DDP's
-    25 MB buckets, in DDP's reverse order) are allreduced as DDP would."""
-    import models
+    """A model's gradient synchronisation alone, maestro vs gloo: its gradient
+    buckets (DDP's 25 MB buckets, in DDP's reverse order, over the parameter
+    shapes of benchmarks/train.py's model) allreduced as DDP would, with no
+    forward or backward. The training itself is benchmarks/train.py, which
+    the suite runs on the lab for the DDP figures."""
+    import train
 
     n = dist.get_world_size()
     variants = args.variants.split(",")
     groups = {v: make_group(v) for v in variants}
-    shapes = models.parameter_shapes(args.model)
-    numels = [int(torch.Size(s).numel()) for s in shapes]
+    numels = [int(torch.Size(s).numel()) for s in train.parameter_shapes(args.model)]
     log(f"READY {args.model}: {sum(numels) / 1e6:.1f} M parameters")
     rows = []
-    if args.buckets_only:
-        buckets = models.ddp_buckets(numels, cap_bytes=25 << 20)
-        tensors = [torch.ones(b) for b in buckets]
-        for v, g in groups.items():
-            def sync():
-                works = [dist.all_reduce(x, group=g, async_op=True) for x in tensors]
-                for w in works:
-                    w.wait()
-            if not args.no_warmup:
-                sync()
-            times = timed(sync, g, args.iters)
-            rows.append({"variant": v, "sync_s": statistics.median(times), "buckets": len(buckets),
-                         "bytes": sum(buckets) * 4, "warmup": not args.no_warmup})
-            log(f"  {args.model} {v:10} gradient sync {statistics.median(times):7.2f} s ({len(buckets)} buckets)")
-    else:
-        torch.manual_seed(0)
-        torch.set_num_threads(1)
-        for v, g in groups.items():
-            model = models.build(args.model)
-            ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g)
-            opt = torch.optim.SGD(ddp.parameters(), lr=1e-4)
-            batch = models.batch(args.model, args.batch)
-
-            def step(sync=True):
-                opt.zero_grad(set_to_none=False)
-                if sync:
-                    models.loss(args.model, ddp, batch).backward()
-                else:
-                    with ddp.no_sync():
-                        models.loss(args.model, ddp, batch).backward()
-                opt.step()
-            step()  # warm-up
-            full = timed(step, g, args.iters)
-            compute = timed(lambda: step(sync=False), g, args.iters)
-            it, comp = statistics.median(full), statistics.median(compute)
-            rows.append({"variant": v, "iteration_s": it, "compute_s": comp, "exposed_comm_s": max(0.0, it - comp),
-                         "bytes": sum(numels) * 4})
-            log(f"  {args.model} {v:10} iteration {it:7.2f} s, compute {comp:7.2f} s, exposed comm {it - comp:7.2f} s")
-            del ddp, model, opt
-    emit({"model": args.model, "parameters": sum(numels), "world": n, "buckets_only": args.buckets_only,
-          "rows": rows})
+    buckets = ddp_buckets(numels, cap_bytes=25 << 20)
+    tensors = [torch.ones(b) for b in buckets]
+    for v, g in groups.items():
+        def sync():
+            works = [dist.all_reduce(x, group=g, async_op=True) for x in tensors]
+            for w in works:
+                w.wait()
+        if not args.no_warmup:
+            sync()
+        times = timed(sync, g, args.iters)
+        rows.append({"variant": v, "sync_s": statistics.median(times), "buckets": len(buckets),
+                     "bytes": sum(buckets) * 4, "warmup": not args.no_warmup})
+        log(f"  {args.model} {v:10} gradient sync {statistics.median(times):7.2f} s ({len(buckets)} buckets)")
+    emit({"model": args.model, "parameters": sum(numels), "world": n, "buckets_only": True, "rows": rows})
 
 
 # ---------------------------------------------------------------- setup
@@ -378,13 +367,11 @@ def main():
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--settle", type=float, default=2.0)
     p = sub.add_parser("models")
-    p.add_argument("--model", choices=["vgg19", "bert-large"], default="vgg19")
+    p.add_argument("--model", choices=["vgg19", "resnet50", "bert-large"], default="vgg19")
     p.add_argument("--variants", default="adaptive,gloo")
-    p.add_argument("--buckets-only", action="store_true")
-    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--iters", type=int, default=2)
-    p.add_argument("--no-warmup", action="store_true", help="--buckets-only: time the first sync too (registration "
-                                                              "on first use included)")
+    p.add_argument("--no-warmup", action="store_true", help="time the first sync too (registration on first use "
+                                                              "included)")
     p = sub.add_parser("setup")
     p.add_argument("--paths", default="1,2,4,8")
     p.add_argument("--iters", type=int, default=3)

@@ -160,11 +160,29 @@ def sec_models(rec, out):
                 vals.setdefault(v, []).append(r["sync_s"])
             labels.append(f"{model}\n(sync)")
         else:
-            trs = [[v, r["iteration_s"], r["compute_s"], r["exposed_comm_s"],
-                    (1 - r["exposed_comm_s"] / g["exposed_comm_s"]) * 100 if g and v != "gloo" and g["exposed_comm_s"] else ""]
+            # New records: benchmarks/train.py's runs, exposed comm = backward's
+            # wait for the gradient sync after its last gradient, measured in the
+            # step. Older records (no exposed_comm_method) stored iteration -
+            # compute there.
+            measured = all("exposed_comm_method" in r for r in rows.values())
+            trs = [[v, r["iteration_s"], r["compute_s"], max(0.0, r["iteration_s"] - r["compute_s"])]
+                   + ([r["exposed_comm_s"], r["samples_per_s"]] if measured else [])
+                   + [(1 - r["exposed_comm_s"] / g["exposed_comm_s"]) * 100 if g and v != "gloo" and g["exposed_comm_s"]
+                      else ""]
                    for v, r in rows.items()]
-            parts.append(f"**{model}** under DDP (forward and backward on 4 ranks sharing 2 cores)\n\n"
-                         + table(["backend", "iteration s", "compute s", "exposed comm s", "% less comm than gloo"], trs))
+            what = "exposed comm" if measured else "iteration − compute"
+            if measured:
+                r0 = run["rows"][0]
+                how = (f"4 ranks sharing 2 cores, batch {r0['batch']} per rank ({r0['input']}): `{run['command']}`, gloo with "
+                       "`--backend gloo`; "
+                       "exposed comm = backward's wait for the gradient sync after its last gradient, measured in "
+                       "the step; compute = forward and backward under no_sync")
+            else:
+                how = "forward and backward on 4 ranks sharing 2 cores; compute = the same under no_sync"
+            parts.append(f"**{model}** under DDP ({how})\n\n"
+                         + table(["backend", "iteration s", "compute s", "iteration − compute s"]
+                                 + (["exposed comm s", "samples/s"] if measured else [])
+                                 + [f"% less {what} than gloo"], trs))
     fig, ax = plt.subplots(figsize=(6, 3.4))
     width = 0.8 / max(1, len(vals))
     for i, (v, ys) in enumerate(vals.items()):
@@ -415,6 +433,9 @@ def sanity(recs: dict) -> list[str]:
                 for key, run in d["runs"].items():
                     for r in run["rows"]:
                         positive(name, f"{key} {r['variant']} seconds", r.get("sync_s", r.get("iteration_s")))
+                        if r.get("path_bytes_sent") is not None:  # benchmarks/train.py on maestro
+                            positive(name, f"{key} {r['variant']} bytes on its least used path",
+                                     min(r["path_bytes_sent"]))
             elif name == "load_balance":
                 for policy, run in d["runs"].items():
                     its = run["ranks"][1][1:]

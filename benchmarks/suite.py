@@ -12,7 +12,8 @@ Experiments (paper figure):
     p2p_paths     Fig. 8   point-to-point bandwidth vs paths (64 KiB writes), maestro vs one path vs gloo
     chunk_size    Fig. 9   per-chunk completion times and throughput vs chunk size
     collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP
-    models        Fig.11   VGG19 / BERT-large gradient sync under DDP, maestro vs gloo
+    models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
+                           benchmarks/train.py, maestro vs gloo (--quick: VGG19's sync, ResNet-50's training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity
     detection     Fig.12d  paths enabled one by one during training are picked up
     resiliency    Fig.12e  paths disabled one by one: throughput over time, results exact
@@ -32,6 +33,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +42,7 @@ import labrun  # noqa: E402
 import netlab  # noqa: E402
 
 RANK = "benchmarks/rank_bench.py"
+TRAIN = "benchmarks/train.py"
 CORE, ACCESS = 200, 1000  # Mbit/s: core links slower than access links, as in the paper's setup
 
 
@@ -133,14 +136,56 @@ def exp_collectives(ctx):
             "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "runs": runs}
 
 
+def train_on_lab(lab, model: str, variant: str, *, timeout: float) -> dict:
+    """benchmarks/train.py as a user runs it, on the lab: one rank per host
+    with the environment torchrun gives it (scripts/labrun.py), DDP, 1
+    warm-up step, 1 timed step and 1 compute-only step (no gradient sync), a
+    batch of 2 small inputs per rank (4 ranks share 2 cores). Returns its
+    --json result."""
+    backend = ["--backend", "gloo"] if variant == "gloo" else ["--backend", "maestro", "--policy", variant]
+    fd, path = tempfile.mkstemp(prefix=f"train-{model}-", suffix=".json")
+    os.close(fd)
+    argv = [TRAIN, "--model", model, *backend, "--steps", "2", "--warmup", "1", "--compute-steps", "1",
+            "--batch", "2", "--image-size", "32", "--seq-len", "32", "--no-progress", "--timeout", str(timeout),
+            "--json", path]
+
+    def echo(rank, stream, line):
+        if rank == 0 and stream == "stdout":
+            print("      " + line.rstrip(), file=sys.stderr, flush=True)
+    try:
+        results = labrun.run(lab, argv, timeout=timeout, on_line=echo)
+        for r in results:
+            if r.returncode != 0:
+                raise RuntimeError(f"train.py rank {r.rank} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+        with open(path) as f:
+            res = json.load(f)
+    finally:
+        os.unlink(path)
+    res["command"] = shlex.join(["python"] + argv[:-2])
+    return res
+
+
 def exp_models(ctx):
     out = {}
     with ctx.lab("mod", mode="pinned") as lab:
         for model in ("vgg19",) if ctx.quick else ("vgg19", "bert-large"):
-            argv = ["models", "--model", model, "--buckets-only", "--iters", "1" if ctx.quick else "2"]
+            argv = ["models", "--model", model, "--iters", "1" if ctx.quick else "2"]
             out[f"{model}/buckets"] = run_ranks(lab, argv + (["--no-warmup"] if ctx.quick else []), timeout=3000)
-            if not ctx.quick and not ctx.no_ddp:
-                out[f"{model}/ddp"] = run_ranks(lab, ["models", "--model", model, "--iters", "1"], timeout=3000)
+        if not ctx.no_ddp:
+            # The training itself, benchmarks/train.py; --quick: ResNet-50
+            # (25.6 M parameters, a fifth of VGG19's gradient bytes).
+            for model in ("resnet50",) if ctx.quick else ("vgg19", "bert-large"):
+                runs = {v: train_on_lab(lab, model, v, timeout=900 if ctx.quick else 3000) for v in ("adaptive", "gloo")}
+                r0 = runs["gloo"]
+                out[f"{model}/ddp"] = {
+                    "model": model, "parameters": r0["parameters"], "world": r0["world"], "buckets_only": False,
+                    "command": runs["adaptive"]["command"],
+                    "rows": [{"variant": v, "iteration_s": r["iteration_s"], "compute_s": r["compute_s"],
+                              "exposed_comm_s": r["exposed_comm_s"],
+                              "exposed_comm_method": "backward's wait after the last gradient",
+                              "samples_per_s": r["samples_per_s"], "bytes": r["parameters"] * 4,
+                              "batch": r["batch"], "input": r["input"], "losses": r["losses"],
+                              "path_bytes_sent": r.get("path_bytes_sent")} for v, r in runs.items()]}
     return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS, "runs": out}
 
 

@@ -13,10 +13,30 @@ Every knob is a MAESTRO_* environment variable and a field of
 """
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.distributed as dist
 
-from . import _C
+
+def _release(version: str) -> str:
+    """The release part of a torch version: 2.14.1+cu130 -> 2.14.1, 2.15.0a0+git1234 -> 2.15.0."""
+    m = re.match(r"\d+\.\d+\.\d+", version)
+    return m.group(0) if m else version
+
+
+_REBUILD = "rebuild it: pip install --no-build-isolation -e . (scripts/env.sh does this by itself)"
+try:
+    from . import _C
+except ImportError as e:  # typically an undefined torch symbol: built against another torch
+    raise ImportError(f"maestro_torch's extension does not load with torch {torch.__version__} ({e}); it is "
+                      f"built for one torch release: {_REBUILD}") from e
+# The extension is compiled against one torch release's C++ ABI (c10d::Backend,
+# Work, the Store): under another torch it may load and then misbehave.
+_BUILT_WITH = getattr(_C, "torch_version", "(not recorded: an older build)")
+if _BUILT_WITH != _release(torch.__version__):
+    raise ImportError(f"maestro_torch's extension was built against torch {_BUILT_WITH}, but this is torch "
+                      f"{torch.__version__}: {_REBUILD}")
 
 __all__ = ["Options", "knobs", "path_stats", "describe", "backend_of", "ProcessGroupMaestro"]
 __version__ = "0.1.0"

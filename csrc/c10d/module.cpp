@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 
 #include "c10d/backend.hpp"
 #include "common/config.h"
@@ -73,6 +74,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("transport", &ProcessGroupMaestro::transportName)
       .def_property_readonly("paths", &ProcessGroupMaestro::paths);
 
+  // The torch this module was compiled against (its headers' version): its C++
+  // ABI is tied to that release, so maestro_torch refuses to load under another
+  // torch and scripts/env.sh rebuilds when they differ.
+  m.attr("torch_version") = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                            std::to_string(TORCH_VERSION_PATCH);
 #ifdef MAESTRO_HAVE_VERBS
   m.attr("has_verbs") = true;
 #else

@@ -1,0 +1,152 @@
+"""benchmarks/train.py on 2 ranks of this host (maestro over its 4 loopback
+paths), with tiny inputs so that it stays quick: maestro trains exactly as
+gloo does, step by step.
+
+The ranks are started as torchrun starts its workers: RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR/PORT in their environment, the c10d store hosted by
+the launcher (here the test, as tests/python/launcher.py does) on a port the
+kernel picks. torchrun's own agent process is left out: a third torch
+process per run and seconds of start-up on a 2-core machine, for the same
+code path in train.py.
+
+Exact equality is expected, not a tolerance: everything but the gradient
+allreduce is the same computation in both runs (same seeds, same data, same
+thread count), and with 2 ranks an allreduce adds two numbers per element,
+whose float sum does not depend on the order (it would with 3 or more ranks).
+Speed is printed, never asserted. bert-large is built from its config with
+the Hugging Face hub switched off (HF_HUB_OFFLINE): nothing is downloaded."""
+import json
+import os
+import datetime
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN = os.path.join(ROOT, "benchmarks", "train.py")
+TINY = {"vgg19": ["--image-size", "32", "--batch", "2"], "bert-large": ["--seq-len", "8", "--batch", "2"]}
+STEPS = 3
+
+
+def train_2_ranks(tmp_path, model, backend, *extra):
+    """Rank 0's --json result and its one summary line."""
+    out = tmp_path / f"{model}-{backend}.json"
+    argv = [sys.executable, TRAIN, "--model", model, "--backend", backend, "--steps", str(STEPS), "--checksum",
+            "--no-progress", "--timeout", "120", "--json", str(out), *TINY[model], *extra]
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=300))
+    procs, logs = [], []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                   TORCHELASTIC_USE_AGENT_STORE="True", HF_HUB_OFFLINE="1")
+        logs.append((open(tmp_path / f"{model}-{backend}-{rank}.out", "w+"),
+                     open(tmp_path / f"{model}-{backend}-{rank}.err", "w+")))
+        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logs[-1][0], stderr=logs[-1][1], text=True))
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        del store
+    text = []
+    for o, e in logs:
+        o.seek(0)
+        e.seek(0)
+        text.append((o.read(), e.read()))
+        o.close()
+        e.close()
+    assert codes == [0, 0], "\n".join(f"rank {r} exited {c}:\n{text[r][0][-2000:]}{text[r][1][-4000:]}"
+                                      for r, c in enumerate(codes))
+    lines = [l for l in text[0][0].splitlines() if l.startswith(f"{model} ")]
+    assert len(lines) == 1, text[0][0]  # rank 0's one summary line
+    assert not text[1][0].strip(), text[1][0]  # rank 1 prints nothing
+    print(lines[0])
+    return json.loads(out.read_text()), lines[0]
+
+
+# bert-large also passes maestro's Options from the command line.
+MAESTRO_ARGS = {"vgg19": ([], 4), "bert-large": (["--paths", "3", "--policy", "round_robin", "--chunk-size", "64K"], 3)}
+
+
+@pytest.mark.parametrize("model", ["vgg19", "bert-large"])
+def test_maestro_trains_exactly_as_gloo(tmp_path, model):
+    args, paths = MAESTRO_ARGS[model]
+    m, m_line = train_2_ranks(tmp_path, model, "maestro", *args)
+    g, g_line = train_2_ranks(tmp_path, model, "gloo")
+    assert m["world"] == g["world"] == 2 and m["steps"] == STEPS
+    assert len(m["losses"]) == 2 and all(len(r) == STEPS for r in m["losses"])
+    assert m["losses"][0] != m["losses"][1]  # each rank trains on its own data
+    assert m["losses"] == g["losses"], f"maestro {m['losses']} != gloo {g['losses']}"
+    # After the last step's sync (which no loss shows): one model everywhere.
+    assert len(set(m["params_sha256"])) == 1, "DDP replicas differ on maestro"
+    assert m["params_sha256"] == g["params_sha256"], "maestro's final parameters differ from gloo's"
+
+    # The summary: figures present and sane (not their size: never timed).
+    for r in (m, g):
+        assert r["samples_per_s"] > 0 and r["iteration_s"] > 0 and r["exposed_comm_s"] >= 0
+        assert len(r["per_step"]) == STEPS
+    assert "samples/s" in m_line and "exposed comm" in m_line and "bytes sent per path" in m_line
+    assert "path_bytes_sent" not in g and "bytes sent per path" not in g_line
+    if args:
+        assert m["maestro_options"] == {"paths": "3", "policy": "round_robin", "chunk_size": "64K"}
+    # Every loopback path carried gradients during the timed steps (all but
+    # the warm-up step): each rank sends at least half of the gradients twice
+    # per allreduce (reduce-scatter, then allgather), so 2 ranks together
+    # send at least the gradients' size twice per step.
+    assert len(m["path_bytes_sent"]) == paths and all(b > 0 for b in m["path_bytes_sent"])
+    assert sum(m["path_bytes_sent"]) >= (STEPS - 1) * 2 * m["parameters"] * 4
+
+
+def train_main(argv):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train
+
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    return e.value.code
+
+
+def test_gpu_backends_are_refused_clearly_where_they_cannot_run(capsys):
+    """Without a GPU, nccl and cuda:maestro say that torch sees none; with one,
+    cuda:maestro still says that maestro moves CPU tensors only (nccl would
+    train there). Nothing is skipped on either kind of machine."""
+    gpu = torch.cuda.is_available()
+    for backend in ["cuda:maestro"] + ([] if gpu else ["nccl"]):
+        assert train_main(["--backend", backend]) == 2
+        err = capsys.readouterr().err
+        want = "maestro moves CPU tensors only" if gpu else "torch.cuda.is_available() is False"
+        assert want in err, err
+
+
+def test_maestro_options_are_refused_for_gloo(capsys):
+    assert train_main(["--backend", "gloo", "--paths", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--paths: maestro's options, not gloo's" in err, err
+
+
+def test_readme_train_section_is_train_py():
+    """README's "Train a model on maestro": its command parses, and every flag
+    it names is one of train.py's."""
+    import re
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train
+
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    section = readme[readme.index("## Train a model on maestro"):]
+    section = section[:section.index("\n## ")]
+    commands = [l.split("benchmarks/train.py", 1)[1].split() for l in section.splitlines()
+                if "torchrun" in l and "benchmarks/train.py" in l]
+    assert commands, section
+    ap = train.parser()
+    for argv in commands:
+        ap.parse_args(argv)
+    known = {o for a in ap._actions for o in a.option_strings}
+    named = set(re.findall(r"`(--[a-z-]+)", section))
+    assert named and named <= known, f"README names flags train.py lacks: {named - known}"
