@@ -33,6 +33,36 @@ int firstUpPath(Engine& e, int peer) {
   return -1;
 }
 
+// A control message as it comes off the wire (engine.cc's ControlHeader:
+// type, 3 reserved bytes, sub, seq; then the body).
+std::vector<uint8_t> controlMessage(ControlType type, uint64_t seq, uint32_t sub, const std::string& body = "") {
+  std::vector<uint8_t> m(16 + body.size(), 0);
+  m[0] = static_cast<uint8_t>(type);
+  std::memcpy(m.data() + 4, &sub, 4);
+  std::memcpy(m.data() + 8, &seq, 8);
+  std::memcpy(m.data() + 16, body.data(), body.size());
+  return m;
+}
+
+std::vector<std::unique_ptr<Engine>> twoEngines(MemoryRendezvous& store,
+                                                std::map<std::string, std::string> options = {{"paths", "2"}}) {
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  auto errors = runRanks(2, [&](int r) {
+    engines[r] = std::make_unique<Engine>(options, store, r, 2, after(30));
+  });
+  for (auto& e : errors) EXPECT_EQ("", errorText(e));
+  return engines;
+}
+
+// Wait for barrier token (seq, k) from rank 0 at `b`.
+bool waitToken(Engine& b, uint64_t seq, uint32_t k, double seconds) {
+  auto deadline = after(seconds);
+  bool got = false;
+  while (!(got = b.takeControl(0, {ControlType::kBarrier, seq, k}, nullptr)) && Clock::now() < deadline)
+    b.waitEvent(b.eventCount(), after(0.05));
+  return got;
+}
+
 TEST(EngineControl, MessagesOnAPathClosedUnderThemStillArrive) {
   MemoryRendezvous store;
   std::vector<std::unique_ptr<Engine>> engines(2);
@@ -53,13 +83,8 @@ TEST(EngineControl, MessagesOnAPathClosedUnderThemStillArrive) {
     const int path = firstUpPath(a, 1);
     for (uint32_t k = 0; k < 16; ++k) a.sendControl(1, ControlType::kBarrier, 100 + i, k);
     a.transport().closePath(1, path, "closed by the test");
-    for (uint32_t k = 0; k < 16; ++k) {
-      auto deadline = after(10);
-      bool got = false;
-      while (!(got = b.takeControl(0, {ControlType::kBarrier, 100 + i, k}, nullptr)) && Clock::now() < deadline)
-        b.waitEvent(b.eventCount(), after(0.05));
-      ASSERT_TRUE(got) << "token " << k << " of round " << i << " was lost with path " << path;
-    }
+    for (uint32_t k = 0; k < 16; ++k)
+      ASSERT_TRUE(waitToken(b, 100 + i, k, 10)) << "token " << k << " of round " << i << " was lost with path " << path;
   }
 }
 
@@ -67,33 +92,10 @@ TEST(EngineControl, MessagesOnAPathClosedUnderThemStillArrive) {
 // can read the store later cannot present it.
 TEST(EngineSetup, TheGroupSecretLeavesTheStoreOnceEveryRankHasIt) {
   MemoryRendezvous store;
-  std::vector<std::unique_ptr<Engine>> engines(2);
-  auto errors = runRanks(2, [&](int r) {
-    engines[r] = std::make_unique<Engine>(std::map<std::string, std::string>{{"paths", "2"}}, store, r, 2, after(30));
-  });
-  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  auto engines = twoEngines(store);
+  ASSERT_TRUE(engines[0] && engines[1]);
   EXPECT_TRUE(store.has("maestro/endpoints/0"));
   EXPECT_FALSE(store.has("maestro/secret/0"));
-}
-
-// A control message as it comes off the wire (engine.cc's ControlHeader:
-// type, 3 reserved bytes, sub, seq; then the body).
-std::vector<uint8_t> controlMessage(ControlType type, uint64_t seq, uint32_t sub, const std::string& body = "") {
-  std::vector<uint8_t> m(16 + body.size(), 0);
-  m[0] = static_cast<uint8_t>(type);
-  std::memcpy(m.data() + 4, &sub, 4);
-  std::memcpy(m.data() + 8, &seq, 8);
-  std::memcpy(m.data() + 16, body.data(), body.size());
-  return m;
-}
-
-std::vector<std::unique_ptr<Engine>> twoEngines(MemoryRendezvous& store) {
-  std::vector<std::unique_ptr<Engine>> engines(2);
-  auto errors = runRanks(2, [&](int r) {
-    engines[r] = std::make_unique<Engine>(std::map<std::string, std::string>{{"paths", "2"}}, store, r, 2, after(30));
-  });
-  for (auto& e : errors) EXPECT_EQ("", errorText(e));
-  return engines;
 }
 
 // Control messages wait in a peer's inbox until their operation takes
@@ -149,25 +151,16 @@ TEST(EngineControl, TenThousandControlMessagesOnAPathClosedUnderThemAllArrive) {
   const int path = firstUpPath(a, 1);
   for (uint32_t k = 0; k < kTokens; ++k) a.sendControl(1, ControlType::kBarrier, 7, k);
   a.transport().closePath(1, path, "closed by the test");
-  for (uint32_t k = 0; k < kTokens; ++k) {
-    auto deadline = after(20);
-    bool got = false;
-    while (!(got = b.takeControl(0, {ControlType::kBarrier, 7, k}, nullptr)) && Clock::now() < deadline)
-      b.waitEvent(b.eventCount(), after(0.05));
-    ASSERT_TRUE(got) << "token " << k << " of " << kTokens << " was lost with path " << path;
-  }
+  for (uint32_t k = 0; k < kTokens; ++k)
+    ASSERT_TRUE(waitToken(b, 7, k, 20)) << "token " << k << " of " << kTokens << " was lost with path " << path;
 }
 
 // A failed operation's writes stop: once cancelSends() returns, none is
 // posted again, so the caller may hand the source back to the user.
 TEST(EngineCancel, AFailedOperationsWritesStopWhenCancelReturns) {
   MemoryRendezvous store;
-  std::vector<std::unique_ptr<Engine>> engines(2);
-  auto errors = runRanks(2, [&](int r) {
-    engines[r] = std::make_unique<Engine>(std::map<std::string, std::string>{{"paths", "2"}, {"chunk_size", "4K"}},
-                                          store, r, 2, after(30));
-  });
-  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  auto engines = twoEngines(store, {{"paths", "2"}, {"chunk_size", "4K"}});
+  ASSERT_TRUE(engines[0] && engines[1]);
   Engine& a = *engines[0];
   Engine& b = *engines[1];
   const size_t bytes = 32 << 20;

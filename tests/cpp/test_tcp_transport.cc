@@ -52,6 +52,14 @@ class RawPeer : public ::testing::Test {
     t_->conceal(region_);
     t_->shutdown();
   }
+  // A hello with the group's secret.
+  HelloWire goodHello(int rank, int path) const {
+    HelloWire h;
+    for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = secret_[i];
+    h.rank = rank;
+    h.path = path;
+    return h;
+  }
   // Connect and present a hello; returns the reply status.
   uint32_t hello(int rank, int path, bool good_secret = true) {
     fd_ = net::connectFrom("127.0.0.1", net::parseEndpoint(endpoint_), after(10));
@@ -120,9 +128,7 @@ TEST_F(RawPeer, StrangersDoNotDelayALegitimatePathOrShutdown) {
   int silent = net::connectFrom("127.0.0.1", ep, after(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them arrive first
   fd_ = net::connectFrom("127.0.0.1", ep, after(5));
-  for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = secret_[i];
-  h.rank = 0;
-  h.path = 0;
+  h = goodHello(0, 0);
   net::writeFull(fd_, &h, sizeof h);
   ASSERT_TRUE(net::waitReadable(fd_, after(1))) << "the hello waited behind the strangers";
   HelloReply r;
@@ -161,10 +167,7 @@ TEST_F(RawPeer, AFloodOfSilentConnectionsDoesNotLockOutAPeer) {
   for (int i = 0; i < 100; ++i) flood.push_back(net::connectFrom("127.0.0.1", ep, after(5)));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   fd_ = net::connectFrom("127.0.0.1", ep, after(5));
-  HelloWire h;
-  for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = secret_[i];
-  h.rank = 0;
-  h.path = 0;
+  HelloWire h = goodHello(0, 0);
   net::writeFull(fd_, &h, sizeof h);
   ASSERT_TRUE(net::waitReadable(fd_, after(1))) << "the hello waited behind the flood";
   HelloReply r;
@@ -183,10 +186,7 @@ TEST_F(RawPeer, AFloodOfSilentConnectionsDoesNotLockOutAPeer) {
 // for the path is refused: the secret alone does not make a peer.
 TEST_F(RawPeer, HelloFromAnotherAddressIsRefused) {
   int fd = net::connectFrom("127.0.0.2", net::parseEndpoint(endpoint_), after(5));
-  HelloWire h;
-  for (size_t i = 0; i < sizeof h.secret; ++i) h.secret[i] = secret_[i];
-  h.rank = 0;
-  h.path = 0;
+  HelloWire h = goodHello(0, 0);
   net::writeFull(fd, &h, sizeof h);
   HelloReply r;
   ASSERT_TRUE(net::readFull(fd, &r, sizeof r));
@@ -328,9 +328,6 @@ TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
   EXPECT_TRUE(sink_.errors.empty());
 }
 
-// A peer that goes away in the middle of a payload fails the path, and the
-// half-written region is let go: conceal() (which waits for writes in
-// progress) returns.
 // A peer that stops in the middle of a payload (frozen: SIGSTOP, a swap
 // storm) must not hold the region open: closing it returns at once, the
 // rest of that payload is drained when it comes, and the path lives on.
@@ -362,6 +359,9 @@ TEST_F(RawPeer, ConcealDoesNotWaitForAPeerFrozenMidPayload) {
   key_ = t_->expose(region_);  // TearDown conceals it once more
 }
 
+// A peer that goes away in the middle of a payload fails the path, and the
+// half-written region is let go: conceal() (which waits for writes in
+// progress) returns.
 TEST_F(RawPeer, PeerClosingMidPayloadFailsThePathAndReleasesTheRegion) {
   ASSERT_EQ(0u, hello(0, 0));
   FrameHeader h = transport::tcp::writeFrame(region_.id, key_, 0, 1000, true, 4);

@@ -67,3 +67,16 @@ def run_ranks(world: int, target, *args, env: dict | None = None, rank_env: dict
             results[r] = ("killed", f"rank {r} did not finish within {timeout} s (exit code {p.exitcode})")
     del store
     return results
+
+
+def case_errors(world_results, case: str) -> list[str]:
+    """The failures of one case in the {case: error or None} dicts that
+    every rank of a case matrix returned (run_ranks results)."""
+    world, results = world_results
+    errors = []
+    for rank, (status, value) in enumerate(results):
+        if status != "ok":
+            errors.append(f"rank {rank} {status}: {value}")
+        elif value.get(case):
+            errors.append(f"rank {rank}: {value[case]}")
+    return errors

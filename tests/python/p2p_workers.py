@@ -11,6 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
+import workers
+from scenarios import _error_of
 from workers import DTYPES, check, data
 
 DTYPES = {**DTYPES, "bool": torch.bool}
@@ -31,12 +33,6 @@ def payload(rank: int, n: int, dtype: torch.dtype, salt: int = 0) -> torch.Tenso
     return data(rank, n, dtype, salt=salt)
 
 
-def _error_of(fn) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-    return ""
 
 
 def run_case(name: str, rank: int, world: int) -> None:
@@ -199,21 +195,9 @@ def run_case(name: str, rank: int, world: int) -> None:
 
 
 def matrix(rank: int, world: int, names: list[str]) -> dict:
-    """Run every case in one process group; returns {case: error or None}."""
-    import maestro_torch  # noqa: F401  (registers the backend)
-
-    dist.init_process_group("maestro", timeout=datetime.timedelta(seconds=60))
-    results = {}
-    for name in names:
-        try:
-            run_case(name, rank, world)
-            results[name] = None
-        except AssertionError as e:
-            results[name] = str(e)
-        except Exception as e:  # noqa: BLE001
-            results[name] = f"{type(e).__name__}: {e}"
-    dist.destroy_process_group()
-    return results
+    """Every point-to-point case in one process group; an error in one
+    leaves the group usable for the next."""
+    return workers.matrix(rank, world, names, run=run_case, keep_going=True, timeout_s=60)
 
 
 def unmatched(rank: int, world: int) -> dict:

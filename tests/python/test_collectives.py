@@ -5,7 +5,7 @@ runs the whole matrix; each case is reported as its own test."""
 import pytest
 
 import workers
-from launcher import run_ranks
+from launcher import case_errors, run_ranks
 
 WORLDS = [2, 3, 4]
 CASES = workers.cases()
@@ -22,20 +22,10 @@ def world_results(request):
     return world, results
 
 
-def _case_errors(world_results, case):
-    world, results = world_results
-    errors = []
-    for rank, (status, value) in enumerate(results):
-        if status != "ok":
-            errors.append(f"rank {rank} {status}: {value}")
-        elif value.get(case):
-            errors.append(f"rank {rank}: {value[case]}")
-    return errors
-
 
 @pytest.mark.parametrize("case", CASES)
 def test_collective(world_results, case):
-    errors = _case_errors(world_results, case)
+    errors = case_errors(world_results, case)
     assert not errors, "\n".join(errors)
 
 

@@ -6,7 +6,7 @@ mismatched sizes and unmatched messages are clear errors, never hangs."""
 import pytest
 
 import p2p_workers
-from launcher import run_ranks
+from launcher import case_errors, run_ranks
 
 WORLDS = [2, 3]
 CASES = p2p_workers.cases()
@@ -21,13 +21,7 @@ def world_results(request):
 
 @pytest.mark.parametrize("case", CASES)
 def test_p2p(world_results, case):
-    world, results = world_results
-    errors = []
-    for rank, (status, value) in enumerate(results):
-        if status != "ok":
-            errors.append(f"rank {rank} {status}: {value}")
-        elif value.get(case):
-            errors.append(f"rank {rank}: {value[case]}")
+    errors = case_errors(world_results, case)
     assert not errors, "\n".join(errors)
 
 

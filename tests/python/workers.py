@@ -187,11 +187,16 @@ def run_case(name: str, rank: int, world: int) -> None:
     raise ValueError(f"unknown case {name}")
 
 
-def matrix(rank: int, world: int, names: list[str]) -> dict:
-    """Run every case in one process group; returns {case: error or None}."""
+def matrix(rank: int, world: int, names: list[str], run=None, keep_going: bool = False,
+           timeout_s: float = 120) -> dict:
+    """Run every case (run(name, rank, world), default run_case) in one
+    process group; returns {case: error or None}. An exception other than a
+    failed check breaks a collective group, so the later cases are not run,
+    unless keep_going (point to point: an error leaves the group usable)."""
     import maestro_torch  # noqa: F401  (registers the backend)
 
-    dist.init_process_group("maestro", timeout=__import__("datetime").timedelta(seconds=120))
+    run = run or run_case
+    dist.init_process_group("maestro", timeout=__import__("datetime").timedelta(seconds=timeout_s))
     results, broken = {}, None
     start = time.time()
     for name in names:
@@ -199,13 +204,13 @@ def matrix(rank: int, world: int, names: list[str]) -> dict:
             results[name] = f"not run: the group broke in an earlier case ({broken})"
             continue
         try:
-            run_case(name, rank, world)
+            run(name, rank, world)
             results[name] = None
         except AssertionError as e:
             results[name] = str(e)
         except Exception as e:  # noqa: BLE001
             results[name] = f"{type(e).__name__}: {e}"
-            broken = name
+            broken = None if keep_going else name
     results["_seconds"] = time.time() - start
     results["_path_stats"] = __import__("maestro_torch").path_stats()
     dist.destroy_process_group()
