@@ -50,6 +50,13 @@ class RecordingSink : public transport::CompletionSink {
     return cv.wait_until(lock, after(seconds), [&] { return pred(); });
   }
 
+  // The errors so far, read under the lock (a path may fail meanwhile on
+  // the transport's thread).
+  std::vector<std::string> errorsNow() {
+    std::lock_guard<std::mutex> lock(mu);
+    return errors;
+  }
+
   std::mutex mu;
   std::condition_variable cv;
   std::vector<uint64_t> completed, flushed;

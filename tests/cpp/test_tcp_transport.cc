@@ -200,8 +200,8 @@ TEST_F(RawPeer, HelloFromAnotherAddressIsRefused) {
   EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadAddress), r.status);
   ::close(fd);
   EXPECT_FALSE(net::waitReadable(fd_, after(0.3))) << "the live connection was closed";
-  std::lock_guard<std::mutex> lock(sink_.mu);
-  EXPECT_TRUE(sink_.errors.empty()) << sink_.errors[0];
+  auto errors = sink_.errorsNow();
+  EXPECT_TRUE(errors.empty()) << errors[0];
 }
 
 // Before the ranks' endpoints are known, a hello with the right secret is
@@ -325,7 +325,7 @@ TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
     uint8_t want = i < kGuard ? 0x5C : (o >= 10 && o < 110) ? 0x11 : (o >= 300 && o < 364) ? 0x22 : 0x5C;
     ASSERT_EQ(want, memory_[i]) << "byte " << i;
   }
-  EXPECT_TRUE(sink_.errors.empty());
+  EXPECT_TRUE(sink_.errorsNow().empty());
 }
 
 // A peer that stops in the middle of a payload (frozen: SIGSTOP, a swap
@@ -354,8 +354,8 @@ TEST_F(RawPeer, ConcealDoesNotWaitForAPeerFrozenMidPayload) {
   ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
   for (size_t i = kGuard + 100; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
-  std::lock_guard<std::mutex> lock(sink_.mu);
-  EXPECT_TRUE(sink_.errors.empty()) << "the path failed: " << sink_.errors[0];
+  auto errors = sink_.errorsNow();
+  EXPECT_TRUE(errors.empty()) << "the path failed: " << errors[0];
   key_ = t_->expose(region_);  // TearDown conceals it once more
 }
 
@@ -498,7 +498,7 @@ TEST_F(RawPeer, StaleWritesAreDrainedNotWritten) {
   ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
   EXPECT_EQ(3u, sink_.arrivals[0].first);
   for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(i >= kGuard && i < kGuard + 8 ? 0xA1 : 0x5C, memory_[i]) << i;
-  EXPECT_TRUE(sink_.errors.empty());
+  EXPECT_TRUE(sink_.errorsNow().empty());
 }
 
 }  // namespace testing

@@ -120,7 +120,7 @@ TEST_P(TransportContract, ChunkedWriteAcrossAllPaths) {
   std::vector<uint64_t> ids = sinks_[0].completed;
   std::sort(ids.begin(), ids.end());
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(1000 + i, ids[i]);
-  EXPECT_TRUE(sinks_[0].errors.empty() && sinks_[1].errors.empty());
+  EXPECT_TRUE(sinks_[0].errorsNow().empty() && sinks_[1].errorsNow().empty());
   t_[1]->conceal(remote);
 }
 
