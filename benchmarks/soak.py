@@ -19,7 +19,8 @@ do); a killed rank's survivors go on without it.
 
 prints one summary (operations, faults by kind, wrong results, hangs,
 errors and their worst latency, RSS and descriptors first/last) and writes it
-as JSON to --out (default docs/results/data/soak.json).
+as JSON to --out (default docs/results/soak.json; not in results/data, which
+holds the evaluation suite's experiments).
 """
 from __future__ import annotations
 
@@ -317,7 +318,7 @@ def main() -> int:
     ap.add_argument("--kill-after", type=float, default=None,
                     help="kill one rank (not rank 0) this many seconds in; the survivors go on in a new group")
     ap.add_argument("--deadline", type=float, default=3600, help="seconds before the run counts as hung")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "data", "soak.json"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "soak.json"))
     ap.add_argument("--markdown", default=None, help="also write this summary as markdown (docs/soak.md)")
     args = ap.parse_args()
     if args.worker:
