@@ -44,6 +44,13 @@ struct Config {
   int probe_ttl = 2;                    // hops from a host to the core (spine) layer
   int candidates = 8;                   // discovery: most candidate connections per wanted path
   std::string tcp_congestion = "auto";  // tcp: auto | kernel | a congestion control (net::chooseCongestion)
+  // Path hunting: a path persistently slower than its siblings is re-opened
+  // from a source port that lands on another core route.
+  std::string hunt = "auto";            // auto (on under discovery=ttl) | on | off
+  double hunt_ratio = 0.6;              // slow: throughput below this share of its siblings' median
+  double hunt_after = 3.0;              // seconds of busy time a path must stay slow before it is re-opened
+  double hunt_interval = 10.0;          // seconds between re-openings of one path (doubling while they repeat)
+  bool hunting() const { return hunt == "on" || (hunt == "auto" && discovery == "ttl"); }
 
   // name -> (value text, source: "default" | "env" | "options")
   std::map<std::string, std::pair<std::string, std::string>> provenance;

@@ -391,6 +391,7 @@ void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink
     std::vector<std::vector<std::string>> endpoints;
     for (const auto& e : allGather("endpoints", mine)) endpoints.push_back(splitList(e));
     mesh.transport->expectPeers(endpoints);
+    mesh.endpoints = endpoints;
     // Every rank published its endpoints after it read the group secret:
     // the store need not keep it (anyone who can read the store could
     // otherwise present it).

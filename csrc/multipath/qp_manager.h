@@ -36,6 +36,7 @@ struct Mesh {
   std::string congestion_why;    // tcp: the paths' congestion control and why
   VnicChoice vnics;
   std::vector<std::vector<std::string>> peer_vnics;  // every rank's vNIC addresses
+  std::vector<std::vector<std::string>> endpoints;   // every rank's listening endpoints (ip:port)
   int paths = 0;
   // Per peer, per path: the transport's path id (a candidate index under
   // discovery, else the path index), whether it connected at start-up (a

@@ -371,23 +371,35 @@ void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline de
 }
 
 bool TcpTransport::reconnect(int peer, int path, Deadline deadline) {
+  return openAgain(peer, path, std::nullopt, deadline);
+}
+
+bool TcpTransport::reopen(int peer, int path, uint16_t local_port, Deadline deadline) {
+  return openAgain(peer, path, local_port, deadline);
+}
+
+bool TcpTransport::openAgain(int peer, int path, std::optional<uint16_t> local_port, Deadline deadline) {
   Initiated init;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = initiated_.find({peer, path});
-    MAESTRO_CHECK(it != initiated_.end(), "reconnect: path ", path, " to rank ", peer, " was not opened here");
+    MAESTRO_CHECK(it != initiated_.end(), "path ", path, " to rank ", peer, " was not opened here");
     init = it->second;
   }
   int fd = -1;
   try {
-    try {
-      fd = open(init.spec, init.hello, init.local_port, deadline);  // same 5-tuple
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("bind") == std::string::npos) throw;
-      fd = open(init.spec, init.hello, 0, deadline);  // port still held: a new one
+    if (local_port) {
+      fd = open(init.spec, init.hello, *local_port, deadline);  // the port hunting chose
+    } else {
+      try {
+        fd = open(init.spec, init.hello, init.local_port, deadline);  // same 5-tuple
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("bind") == std::string::npos) throw;
+        fd = open(init.spec, init.hello, 0, deadline);  // port still held: a new one
+      }
     }
   } catch (const Error& e) {
-    MAESTRO_TRACE("reconnect of path ", path, " to rank ", peer, " failed: ", e.what());
+    MAESTRO_TRACE("re-opening path ", path, " to rank ", peer, " failed: ", e.what());
     return false;
   }
   {
