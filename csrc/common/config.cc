@@ -215,11 +215,12 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          c.connect_timeout = parseSeconds("MAESTRO_CONNECT_TIMEOUT", v, 0.05, 3600);
        }},
-      {"discovery", "MAESTRO_DISCOVERY", "off",
-       "off, or ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own "
-       "5-tuple, keep one per distinct hop (for ECMP-hashed networks)",
+      {"discovery", "MAESTRO_DISCOVERY", "auto",
+       "ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own 5-tuple, "
+       "keep one per distinct hop (for ECMP-hashed networks); auto: ttl when a probe from some rank towards its "
+       "ring neighbour is answered by a router MAESTRO_PROBE_TTL hops out (tcp only), else off; off",
        true, [](const Config& c) { return c.discovery; },
-       [](Config& c, const std::string& v) { c.discovery = oneOf("MAESTRO_DISCOVERY", v, {"off", "ttl"}); }},
+       [](Config& c, const std::string& v) { c.discovery = oneOf("MAESTRO_DISCOVERY", v, {"auto", "off", "ttl"}); }},
       {"probe_ttl", "MAESTRO_PROBE_TTL", "2", "discovery: hops from a host to the routers that tell the paths apart",
        true, [](const Config& c) { return std::to_string(c.probe_ttl); },
        [](Config& c, const std::string& v) { c.probe_ttl = static_cast<int>(parseInt("MAESTRO_PROBE_TTL", v, 1, 64)); }},
@@ -244,7 +245,7 @@ std::vector<Knob> buildKnobs() {
       {"hunt", "MAESTRO_HUNT", "auto",
        "path hunting: re-open a path that stays much slower than its siblings from a source port that ECMP "
        "hashes onto another core route (predicted by discovery's probes; blind re-hash without discovery); "
-       "auto = on under discovery=ttl, on, off",
+       "auto = on where discovery runs, on, off",
        true, [](const Config& c) { return c.hunt; },
        [](Config& c, const std::string& v) { c.hunt = oneOf("MAESTRO_HUNT", v, {"auto", "on", "off"}); }},
       {"hunt_ratio", "MAESTRO_HUNT_RATIO", "0.6",

@@ -137,6 +137,7 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   mesh_ = qp.plan(config_, rendezvous_host);
   // Every rank agreed on the knobs and the transport, so on this too.
   if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
+  config_.discovery = mesh_.discovery;  // auto, decided
   hunter_ = Hunter(config_);
   // Size every peer's path table before the first path opens: completions
   // may arrive as soon as it does.
@@ -210,6 +211,8 @@ std::string Engine::describeSetup() const {
      << "), " << mesh_.paths << " paths per peer, vNICs ";
   for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
   os << " from " << mesh_.vnics.source << ", chunks of " << config_.chunk_size << " bytes";
+  os << ", discovery " << mesh_.discovery << (mesh_.discovery_why.empty() ? "" : " (" + mesh_.discovery_why + ")");
+  os << ", path hunting " << (hunter_.enabled() ? "on" : "off");
   if (mesh_.transport_kind == "tcp") os << ", congestion control " << mesh_.congestion_why;
   os << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
   return os.str();

@@ -31,7 +31,7 @@ std::vector<std::pair<int, int>> run(const Hunter& h, const std::vector<HuntSamp
   return out;
 }
 
-TEST(Hunter, OffByDefaultWithoutDiscovery) {
+TEST(Hunter, OnWhereDiscoveryRunsUnlessSaidOtherwise) {
   EXPECT_FALSE(Hunter(Config::resolve({})).enabled());
   EXPECT_TRUE(Hunter(Config::resolve({{"discovery", "ttl"}})).enabled());
   EXPECT_FALSE(Hunter(Config::resolve({{"discovery", "ttl"}, {"hunt", "off"}})).enabled());
