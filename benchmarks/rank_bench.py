@@ -318,9 +318,15 @@ def cmd_loop(args):
     base = torch.arange(elems, dtype=torch.int64) % 1000
     expected = (n * base + n * (n - 1) // 2).to(torch.float32)
     dist.barrier(group=g)
+    if args.backend != "gloo":
+        # Each rank's outgoing core hop of every path (discovery), for
+        # experiments that load the routes the paths took.
+        routes = {}
+        for s in maestro_torch.path_stats(g):
+            routes.setdefault(str(s["peer"]), []).append(s["route"])
+        print("ROUTES " + json.dumps(routes), flush=True)
     log("READY")
-    if rank == 0:
-        print("READY", flush=True)
+    print("READY", flush=True)
     iters = []
     start = time.time()
     while True:
@@ -330,7 +336,8 @@ def cmd_loop(args):
         dist.all_reduce(t, group=g)
         it = {"start": t0 - start, "seconds": time.time() - t0, "ok": bool(torch.equal(t, expected))}
         if args.backend != "gloo":
-            it["paths"] = [{k: s[k] for k in ("peer", "path", "state", "bytes_sent", "resent", "reconnects", "route")}
+            it["paths"] = [{k: s[k] for k in ("peer", "path", "state", "bytes_sent", "resent", "reconnects", "hunts",
+                                              "route")}
                            for s in maestro_torch.path_stats(g)]
         iters.append(it)
         # Every rank stops at the same iteration.

@@ -284,6 +284,61 @@ def sec_resiliency(rec, out):
                     "paths.")
 
 
+def hunting_runs(d: dict) -> dict:
+    """Per variant: the steady-state busbw of each trial (median over the
+    iterations of the run's second half, when any hunting is over) and the
+    paths re-opened by the end, over both ranks."""
+    out = {}
+    for run in d["runs"]:
+        its = run["iters"]
+        half = its[-1]["start"] / 2
+        bw = statistics.median(busbw_of_iter(x, run["bytes"], run["world"]) for x in its if x["start"] >= half)
+        hunts = sum(p.get("hunts", 0) for r in run["ranks"] for p in r[-1]["paths"])
+        ok = all(it["ok"] for r in run["ranks"] for it in r)
+        out.setdefault(run["variant"], []).append({"busbw": bw, "hunts": hunts, "ok": ok, "run": run})
+    return out
+
+
+def sec_hunting(rec, out):
+    d = rec["data"]
+    runs = hunting_runs(d)
+    base = statistics.median(t["busbw"] for t in runs.get("unloaded", [{"busbw": float("nan")}]))
+    rows = []
+    for variant, trials in runs.items():
+        bws = [t["busbw"] for t in trials]
+        m = statistics.median(bws)
+        rows.append([variant, len(trials), f"{m:.1f} [{min(bws):.1f}-{max(bws):.1f}]", f"{m / base:.2f}",
+                     statistics.median(t["hunts"] for t in trials), all(t["ok"] for t in trials)])
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for i, (variant, trials) in enumerate(runs.items()):
+        for k, t in enumerate(trials):
+            its = t["run"]["iters"]
+            ax.plot([x["start"] for x in its], [busbw_of_iter(x, t["run"]["bytes"], t["run"]["world"]) for x in its],
+                    color=f"C{i}", alpha=0.8 if k == 0 else 0.35, lw=1, label=variant if k == 0 else None)
+    ax.axhline(d["physical_limit_GBps"] * 1e3, color="black", ls=":", lw=1, label="physical limit")
+    ax.set_xlabel("seconds after the group is up (background starts then)")
+    ax.set_ylabel("busbw (MB/s)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("2 of 4 paths' spines heated after set-up")
+    h, n = runs.get("hunting"), runs.get("no hunting")
+    note = ""
+    if h and n:
+        mh, mn = statistics.median(t["busbw"] for t in h), statistics.median(t["busbw"] for t in n)
+        note = (f"With hunting, maestro keeps **{mh / base:.2f} of its unloaded busbw** ({mh:.1f} vs {base:.1f} MB/s) "
+                f"and reaches **{mh / mn:.2f} x maestro without hunting**. ")
+    return ("Path hunting",
+            f"{d['lab']}; 64 MiB allreduces in a loop. As soon as the group is up, UDP background at "
+            f"{d['background_mbit']} Mbit/s (of {d['core_mbit']}) starts on the spines two of the four paths took, "
+            "in each direction (rank 0's outgoing routes from h1 to h3, rank 1's from h3 to h1). Discovery cannot "
+            "see that coming; hunting re-opens a path that stays below 0.6 of its siblings' median for 3 s of busy "
+            "time from a source port whose probed route avoids the other paths' spines. Steady state = median "
+            "busbw over the second half of each run; trials interleaved, spread = [min-max] over trials. "
+            f"{note}\n\n"
+            + table(["variant", "trials", "busbw MB/s", "x unloaded", "paths re-opened", "all exact"], rows)
+            + "\n\n" + save(fig, out, "hunting"))
+
+
 def sec_latency(rec, out):
     rows = rec["data"]["rows"]
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
@@ -396,7 +451,7 @@ def sec_footprint(rec, out):
 SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
             "models": sec_models, "load_balance": sec_load_balance, "detection": sec_detection,
             "resiliency": sec_resiliency, "latency": sec_latency, "overheads": sec_overheads,
-            "discovery": sec_discovery, "footprint": sec_footprint}
+            "discovery": sec_discovery, "hunting": sec_hunting, "footprint": sec_footprint}
 
 
 # ---------------------------------------------------------------- sanity
@@ -473,6 +528,17 @@ def sanity(recs: dict) -> list[str]:
                         for r in rounds:
                             positive(name, f"{b} x{run['world']} busbw", r["busbw_GBps"])
                             positive(name, f"{b} x{run['world']} CPU s/GB", r["cpu_s_per_GB"])
+            elif name == "hunting":
+                runs = hunting_runs(d)
+                for variant, trials in runs.items():
+                    for t in trials:
+                        positive(name, f"{variant} busbw", t["busbw"])
+                        if not t["ok"]:
+                            bad.append(f"{name}: {variant}: an allreduce result was wrong")
+                if not any(t["hunts"] for t in runs.get("hunting", [])):
+                    bad.append("hunting: no path was re-opened with hunting on, under background on two spines")
+                if any(t["hunts"] for t in runs.get("no hunting", []) + runs.get("unloaded", [])):
+                    bad.append("hunting: a path was re-opened with hunting off, or without background")
             elif name == "discovery":
                 trials = [t for r in d["trials"] for t in r]
                 positive(name, "trials", len(trials))

@@ -20,6 +20,8 @@ Experiments (paper figure):
     latency       Fig.12f  barrier time when paths differ in queueing delay
     overheads     Fig.13   CPU per path at line rate, set-up cost vs paths
     discovery     §4.1     disjoint paths found under ECMP hashing (trials)
+    hunting       -        paths re-opened on another route when background traffic heats their spines after
+                           set-up (CAVER's path hunting), maestro with and without hunting vs unloaded
     footprint     -        threads, descriptors, memory, set-up per rank (2-32 ranks) and CPU s per GB
                            reduced, maestro vs gloo, on loopback (benchmarks/footprint.py)
 """
@@ -79,15 +81,16 @@ def machine() -> dict:
 
 def run_ranks(lab, argv: list[str], *, hosts=None, env=None, timeout=900, on_ready=None) -> dict:
     """Run rank_bench on the lab, echo rank 0's progress lines, return its
-    RESULT (raise with the failing rank's output otherwise). on_ready(t0)
-    runs once rank 0 says READY (fault injection during the run)."""
+    RESULT (raise with the failing rank's output otherwise). on_ready(t0,
+    ranks) runs once rank 0 says READY (fault injection during the run;
+    `ranks` reads the ranks' output lines)."""
     def echo(rank, stream, line):
         if rank == 0 and stream == "stderr" and (line.startswith("READY") or line.startswith("  ")):
             print("      " + line.rstrip(), file=sys.stderr, flush=True)
     ranks = labrun.start(lab, [RANK] + argv, hosts=hosts, env=env, on_line=echo)
     if on_ready:
         ranks.wait_for_line(0, "READY", timeout)
-        on_ready(time.monotonic())
+        on_ready(time.monotonic(), ranks)
     results = ranks.wait(timeout)
     for r in results:
         if r.returncode != 0:
@@ -222,7 +225,7 @@ def link_timeline(ctx, name, *, initially_down, steps, up, env, lab_desc):
             lab.link_down(0, s)
         events = []
 
-        def change(t0):
+        def change(t0, _ranks):
             for s in steps:
                 time.sleep(step)
                 (lab.link_up if up else lab.link_down)(0, s)
@@ -269,6 +272,45 @@ def exp_discovery(ctx):
     with ctx.lab("dis", mode="ecmp") as lab:
         res = run_ranks(lab, ["discover", "--trials", "3" if ctx.quick else "20"], timeout=1800)
     return {"lab": "4 hosts, 2 leaves, 4 spines, ECMP (no pinning)", **res}
+
+
+HUNT_BG_MBIT = 150  # UDP on a 200 Mbit/s core link: a path left there keeps a quarter of its rate
+
+
+def exp_hunting(ctx):
+    """2 ranks on 2 leaves (h0, h2), 8 spines, ECMP, discovery, 4 paths, 64 MiB
+    allreduces in a loop. Once the group is up, unresponsive (UDP) background
+    flows start on the spines that paths 0 and 1 took, in each direction
+    (h1 -> h3 on rank 0's, h3 -> h1 on rank 1's outgoing routes). Variants, in
+    interleaved trials: unloaded (no background), no hunting
+    (MAESTRO_HUNT=off), hunting (the default under discovery)."""
+    seconds, trials = (20, 1) if ctx.quick else (40, 3)
+    runs = []
+    with ctx.lab("hunt", hosts=4, leaves=2, spines=8, aliases=4, mode="ecmp") as lab:
+        for trial in range(trials):
+            for variant in ("unloaded", "no hunting", "hunting"):
+                bgs, events = [], []
+
+                def load(t0, ranks):
+                    if variant == "unloaded":
+                        return
+                    for rank, (src, dst) in enumerate(((1, 3), (3, 1))):
+                        routes = json.loads(ranks.wait_for_line(rank, "ROUTES", 60)[len("ROUTES "):])
+                        for hop in routes[str(1 - rank)][:2]:
+                            spine = lab.spine_of_hop(hop)
+                            bgs.append(lab.background(spine, HUNT_BG_MBIT, src=src, dst=dst, proto="udp"))
+                            events.append({"t": time.monotonic() - t0, "event": f"h{src}->h{dst} via spine {spine}"})
+                print(f"    trial {trial + 1}/{trials}: {variant}", file=sys.stderr, flush=True)
+                try:
+                    res = run_ranks(lab, ["loop", "--size", "64M", "--seconds", str(seconds), "--discovery"],
+                                    hosts=[0, 2], env={"MAESTRO_HUNT": "off" if variant == "no hunting" else "auto"},
+                                    on_ready=load)
+                finally:
+                    for b in bgs:
+                        b.stop()
+                runs.append({"trial": trial, "variant": variant, "events": events, **res})
+    return {"lab": "2 ranks (h0, h2) on 2 leaves, 8 spines, ECMP + discovery, 4 paths", "core_mbit": CORE,
+            "background_mbit": HUNT_BG_MBIT, "physical_limit_GBps": 4 * CORE / 8 / 1e3, "runs": runs}
 
 
 def exp_footprint(ctx):

@@ -1,6 +1,7 @@
 // libFuzzer target: control messages from a peer (descriptors, credits,
 // point-to-point ready/grant/done,
-// barrier tokens, aborts, pings, path-down notices) fed to a live engine of
+// barrier tokens, aborts, pings, path-down notices, path hunting's
+// asks/offers/picks -- hunting is on, so an ask really re-opens a path) fed to a live engine of
 // a 2-rank group over loopback, as its transport delivers them. A message
 // the protocol forbids must fail the peer with a message, never crash. The
 // harness steers most inputs to a known type, a whole header and a near
@@ -23,7 +24,7 @@ struct Group {
   std::vector<std::unique_ptr<Engine>> engines{2};
   Group() {
     maestro::testing::runRanks(2, [&](int r) {
-      engines[r] = std::make_unique<Engine>(std::map<std::string, std::string>{{"paths", "2"}}, store, r, 2,
+      engines[r] = std::make_unique<Engine>(std::map<std::string, std::string>{{"paths", "2"}, {"hunt", "on"}}, store, r, 2,
                                             maestro::testing::after(30));
     });
   }
@@ -42,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // is failed); otherwise it becomes a whole header of a known type.
   if (msg.empty() || msg[0] != 0xEE) {
     if (msg.empty()) msg.push_back(1);
-    msg[0] = static_cast<uint8_t>(1 + msg[0] % 11);  // kDesc .. kP2PDone
+    msg[0] = static_cast<uint8_t>(1 + msg[0] % 15);  // kDesc .. kHuntPick
     if (msg.size() < 16) msg.resize(16, 0);
   }
   if (msg.size() >= 16 && msg[1] != 0xEE) {  // near operations but for 0xEE: far ones end the group

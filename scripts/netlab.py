@@ -523,6 +523,14 @@ class Lab:
         """Spine that alias k is pinned to (pinned mode)."""
         return k % self.cfg.spines
 
+    def spine_of_hop(self, addr: str) -> int:
+        """The spine a route probe's answer came from: the spine side of a
+        leaf-spine link (see link_ips)."""
+        m = re.match(r"^10\.2\.(\d+)\.(\d+)$", addr)
+        if not m or int(m.group(2)) % 4 != 2 or (int(m.group(2)) - 2) // 4 >= self.cfg.spines:
+            raise NetlabError(f"{addr} is not the spine side of a lab link")
+        return (int(m.group(2)) - 2) // 4
+
     def host_of_addr(self, addr: str) -> int:
         m = re.match(r"^10\.1\.(\d+)\.\d+$", addr)
         if not m or int(m.group(1)) >= self.cfg.hosts:

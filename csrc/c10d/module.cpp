@@ -36,6 +36,7 @@ py::list pathStatsToPython(const std::vector<multipath::PathStats>& stats) {
     d["last_error"] = s.last_error;
     d["route"] = s.route;
     d["reconnects"] = s.reconnects;
+    d["hunts"] = s.hunts;
     py::dict nic;
     for (const auto& kv : s.nic_counters) nic[py::str(kv.first)] = kv.second;
     d["nic_counters"] = nic;

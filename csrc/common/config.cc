@@ -36,14 +36,22 @@ long long parseInt(const std::string& knob, const std::string& text, long long l
   return v;
 }
 
-double parseSeconds(const std::string& knob, const std::string& text, double lo, double hi) {
+double parseNumber(const std::string& knob, const std::string& text, double lo, double hi, const char* what) {
   std::string t = trim(text);
   char* end = nullptr;
   double v = std::strtod(t.c_str(), &end);
   MAESTRO_CHECK(!t.empty() && end != nullptr && *end == '\0' && std::isfinite(v), knob, "='",
-                text, "' is not a number of seconds");
+                text, "' is not ", what);
   MAESTRO_CHECK(v >= lo && v <= hi, knob, "=", v, " is out of range [", lo, ", ", hi, "]");
   return v;
+}
+
+double parseSeconds(const std::string& knob, const std::string& text, double lo, double hi) {
+  return parseNumber(knob, text, lo, hi, "a number of seconds");
+}
+
+double parseFraction(const std::string& knob, const std::string& text, double lo, double hi) {
+  return parseNumber(knob, text, lo, hi, "a number");
 }
 
 bool parseBool(const std::string& knob, const std::string& text) {
@@ -207,11 +215,12 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          c.connect_timeout = parseSeconds("MAESTRO_CONNECT_TIMEOUT", v, 0.05, 3600);
        }},
-      {"discovery", "MAESTRO_DISCOVERY", "off",
-       "off, or ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own "
-       "5-tuple, keep one per distinct hop (for ECMP-hashed networks)",
+      {"discovery", "MAESTRO_DISCOVERY", "auto",
+       "ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own 5-tuple, "
+       "keep one per distinct hop (for ECMP-hashed networks); auto: ttl when a probe from some rank towards its "
+       "ring neighbour is answered by a router MAESTRO_PROBE_TTL hops out (tcp only), else off; off",
        true, [](const Config& c) { return c.discovery; },
-       [](Config& c, const std::string& v) { c.discovery = oneOf("MAESTRO_DISCOVERY", v, {"off", "ttl"}); }},
+       [](Config& c, const std::string& v) { c.discovery = oneOf("MAESTRO_DISCOVERY", v, {"auto", "off", "ttl"}); }},
       {"probe_ttl", "MAESTRO_PROBE_TTL", "2", "discovery: hops from a host to the routers that tell the paths apart",
        true, [](const Config& c) { return std::to_string(c.probe_ttl); },
        [](Config& c, const std::string& v) { c.probe_ttl = static_cast<int>(parseInt("MAESTRO_PROBE_TTL", v, 1, 64)); }},
@@ -232,6 +241,27 @@ std::vector<Knob> buildKnobs() {
          MAESTRO_CHECK(!name.empty(), "MAESTRO_TCP_CONGESTION is empty: give auto, kernel or a congestion control");
          if (name != "auto" && name != "kernel") net::checkCongestion(name, "MAESTRO_TCP_CONGESTION");
          c.tcp_congestion = name;
+       }},
+      {"hunt", "MAESTRO_HUNT", "auto",
+       "path hunting: re-open a path that stays much slower than its siblings from a source port that ECMP "
+       "hashes onto another core route (predicted by discovery's probes; blind re-hash without discovery); "
+       "auto = on where discovery runs, on, off",
+       true, [](const Config& c) { return c.hunt; },
+       [](Config& c, const std::string& v) { c.hunt = oneOf("MAESTRO_HUNT", v, {"auto", "on", "off"}); }},
+      {"hunt_ratio", "MAESTRO_HUNT_RATIO", "0.6",
+       "path hunting: a path is slow while its throughput is below this share of its siblings' median", true,
+       [](const Config& c) { return strcat(c.hunt_ratio); },
+       [](Config& c, const std::string& v) { c.hunt_ratio = parseFraction("MAESTRO_HUNT_RATIO", v, 0.05, 0.95); }},
+      {"hunt_after", "MAESTRO_HUNT_AFTER", "3",
+       "path hunting: seconds of busy time a path must stay slow before it is re-opened", true,
+       [](const Config& c) { return strcat(c.hunt_after); },
+       [](Config& c, const std::string& v) { c.hunt_after = parseSeconds("MAESTRO_HUNT_AFTER", v, 0.1, 3600); }},
+      {"hunt_interval", "MAESTRO_HUNT_INTERVAL", "10",
+       "path hunting: seconds at least between two re-openings of one path; doubles (up to 16x) while a "
+       "path keeps being slow after re-opening, so hunting never flaps",
+       true, [](const Config& c) { return strcat(c.hunt_interval); },
+       [](Config& c, const std::string& v) {
+         c.hunt_interval = parseSeconds("MAESTRO_HUNT_INTERVAL", v, 0.1, 86400);
        }},
       {"probe_interval", "MAESTRO_PROBE_INTERVAL", "0.5",
        "seconds between RTT probes of idle paths and reconnect attempts of down paths", false,

@@ -40,10 +40,20 @@ struct Config {
   double path_timeout = 2.0;            // seconds without progress before a path is declared down
   double probe_interval = 0.5;          // seconds between probes of idle / down paths
   double connect_timeout = 5.0;         // seconds a path may take to connect at start-up
-  std::string discovery = "off";        // off | ttl: find disjoint routes among candidate connections
+  // off | ttl: find disjoint routes among candidate connections | auto: ttl
+  // where a router answers a probe between ranks (the QP manager resolves it
+  // to off or ttl at set-up).
+  std::string discovery = "auto";
   int probe_ttl = 2;                    // hops from a host to the core (spine) layer
   int candidates = 8;                   // discovery: most candidate connections per wanted path
   std::string tcp_congestion = "auto";  // tcp: auto | kernel | a congestion control (net::chooseCongestion)
+  // Path hunting: a path persistently slower than its siblings is re-opened
+  // from a source port that lands on another core route.
+  std::string hunt = "auto";            // auto (on where discovery runs) | on | off
+  double hunt_ratio = 0.6;              // slow: throughput below this share of its siblings' median
+  double hunt_after = 3.0;              // seconds of busy time a path must stay slow before it is re-opened
+  double hunt_interval = 10.0;          // seconds between re-openings of one path (doubling while they repeat)
+  bool hunting() const { return hunt == "on" || (hunt == "auto" && discovery == "ttl"); }
 
   // name -> (value text, source: "default" | "env" | "options")
   std::map<std::string, std::pair<std::string, std::string>> provenance;

@@ -317,6 +317,58 @@ void closeWithReset(int fd) {
   ::close(fd);
 }
 
+std::vector<std::string> probeHops(const std::vector<std::pair<SockAddr, SockAddr>>& probes, int ttl,
+                                   Deadline deadline, std::string* why) {
+  // Every probe is a SYN from the exact 5-tuple, sent at once; the router
+  // where its TTL runs out answers "time exceeded", which the kernel queues
+  // on the socket's error queue while it is connecting (IP_RECVERR).
+  std::vector<std::string> hops(probes.size());
+  std::vector<int> fds(probes.size(), -1);
+  size_t open = 0, answered = 0, reached = 0;
+  for (size_t i = 0; i < probes.size(); ++i) {
+    try {
+      fds[i] = startProbe(probes[i].first, probes[i].second, ttl);
+      ++open;
+    } catch (const Error& e) {
+      *why = e.what();
+    }
+  }
+  while (open > 0 && Clock::now() < deadline) {
+    std::vector<pollfd> pfds;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (fds[i] >= 0) {
+        pfds.push_back({fds[i], POLLOUT, 0});
+        index.push_back(i);
+      }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<long long>(1, std::min<long long>(left, 100)))) <= 0)
+      continue;
+    for (size_t k = 0; k < pfds.size(); ++k) {
+      size_t i = index[k];
+      if (pfds[k].revents & POLLERR) {
+        hops[i] = readIcmpOffender(fds[i]);
+        // No ICMP: refused by the peer itself (no router that far).
+        (hops[i].empty() ? reached : answered) += 1;
+      } else if (pfds[k].revents & POLLOUT) {
+        ++reached;  // connected: the peer itself answered (no router that far)
+      } else {
+        continue;
+      }
+      closeWithReset(fds[i]);
+      fds[i] = -1;
+      --open;
+    }
+  }
+  for (int fd : fds)
+    if (fd >= 0) closeWithReset(fd);
+  if (answered + reached < probes.size())
+    *why = strcat(probes.size() - answered - reached, " of ", probes.size(),
+                  " route probes got no ICMP time-exceeded answer (TTL ", ttl,
+                  " beyond the routers, routers rate-limiting ICMP, or ICMP filtered)");
+  return hops;
+}
+
 std::string readIcmpOffender(int fd) {
   char control[512];
   char data[64];

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -53,6 +54,12 @@ void closeWithReset(int fd);
 // the address of the router that sent it, or "" if it was not an ICMP
 // time-exceeded.
 std::string readIcmpOffender(int fd);
+// For each (local, remote): the address of the router `ttl` hops out on the
+// route of that exact 5-tuple (Paris traceroute: TTL-limited SYNs, all sent
+// at once); "" where the peer itself answered (no router that far) or
+// nothing answered by the deadline. `why` says why answers are missing.
+std::vector<std::string> probeHops(const std::vector<std::pair<SockAddr, SockAddr>>& probes, int ttl,
+                                   Deadline deadline, std::string* why);
 
 // Blocking full reads/writes. readFull returns false on orderly EOF before the
 // first byte; every other short read or error throws.

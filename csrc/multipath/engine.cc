@@ -74,6 +74,8 @@ struct Engine::PathSlot {
   std::string last_error;
   std::string route;
   uint64_t reconnects = 0;
+  HuntState hunt;
+  uint64_t tick_bytes = 0;  // bytes_sent at the monitor's last tick
   std::deque<ChunkDesc*> queue;  // assigned here, not yet posted
   int inflight = 0;
   uint64_t bytes_sent = 0, bytes_received = 0, chunks_sent = 0, chunks_received = 0, errors = 0, resent = 0;
@@ -104,11 +106,12 @@ struct Engine::Peer {
   std::vector<PathSlot> paths;
   // Up, and not in doubt -- unless every up path is in doubt: then the
   // doubted ones still carry traffic rather than none.
+  // A path being re-opened by hunting is set aside the same way.
   bool usable(size_t i) const {
     if (!paths[i].up) return false;
-    if (!paths[i].doubted) return true;
+    if (!paths[i].doubted && !paths[i].hunt.active) return true;
     for (const auto& s : paths)
-      if (s.up && !s.doubted) return false;
+      if (s.up && !s.doubted && !s.hunt.active) return false;
     return true;
   }
   std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
@@ -122,6 +125,7 @@ struct Engine::Peer {
   bool left = false;  // the peer said goodbye (its group was destroyed)
   std::string error;
   Clock::time_point last_heard{};  // any completion, arrival or message from this peer
+  Clock::time_point last_tick{};   // the monitor's last look at its paths
 };
 
 Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
@@ -133,6 +137,8 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   mesh_ = qp.plan(config_, rendezvous_host);
   // Every rank agreed on the knobs and the transport, so on this too.
   if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
+  config_.discovery = mesh_.discovery;  // auto, decided
+  hunter_ = Hunter(config_);
   // Size every peer's path table before the first path opens: completions
   // may arrive as soon as it does.
   auto now = Clock::now();
@@ -205,6 +211,8 @@ std::string Engine::describeSetup() const {
      << "), " << mesh_.paths << " paths per peer, vNICs ";
   for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
   os << " from " << mesh_.vnics.source << ", chunks of " << config_.chunk_size << " bytes";
+  os << ", discovery " << mesh_.discovery << (mesh_.discovery_why.empty() ? "" : " (" + mesh_.discovery_why + ")");
+  os << ", path hunting " << (hunter_.enabled() ? "on" : "off");
   if (mesh_.transport_kind == "tcp") os << ", congestion control " << mesh_.congestion_why;
   os << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
   return os.str();
@@ -875,6 +883,47 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         p.left = true;
         return;
       }
+      case ControlType::kHunt: {
+        // The opener re-opens this path on another route: what waits on it
+        // moves now, and its old connection's close is no failure.
+        std::lock_guard<std::mutex> lock(p.mu);
+        int slot_index = slotOf(p, static_cast<int>(h.sub));
+        if (slot_index < 0 || p.paths[slot_index].initiated || !p.paths[slot_index].up) return;
+        PathSlot& slot = p.paths[slot_index];
+        slot.hunt.active = true;
+        slot.hunt.since = Clock::now();
+        std::deque<ChunkDesc*> queued;
+        queued.swap(slot.queue);
+        for (ChunkDesc* c : queued) enqueue(p, c);
+        pumpAll(p);
+        break;
+      }
+      case ControlType::kHuntAsk:
+      case ControlType::kHuntOffer:
+      case ControlType::kHuntPick: {
+        // Validated here, acted on by the reconnect thread (probes block).
+        // Anything out of place is ignored: hunting is an optimisation.
+        const auto type = static_cast<ControlType>(h.type);
+        HuntJob job{type == ControlType::kHuntAsk ? HuntJob::kAsked
+                    : type == ControlType::kHuntOffer ? HuntJob::kOffered : HuntJob::kPicked,
+                    peer, static_cast<int>(h.sub), {}};
+        if (body_len % 2 != 0 || body_len > 2 * 64 || (type == ControlType::kHuntPick && body_len != 2)) return;
+        for (size_t i = 0; i < body_len; i += 2) {
+          uint16_t port;
+          std::memcpy(&port, body + i, 2);
+          job.ports.push_back(port);
+        }
+        {
+          std::lock_guard<std::mutex> lock(p.mu);
+          int slot_index = slotOf(p, job.id);
+          // Asks and picks go to the opener, offers to the acceptor.
+          if (!hunter_.enabled() || slot_index < 0 ||
+              p.paths[slot_index].initiated != (type != ControlType::kHuntOffer))
+            return;
+        }
+        queueHunt(std::move(job));
+        return;
+      }
       case ControlType::kAbort: {
         if (h.seq <= retired_.load()) return;  // about an operation this rank finished
         if (h.seq > retired_.load() + kMaxOpsAhead) {
@@ -977,15 +1026,31 @@ void Engine::onPathUp(int peer, int transport_path) {
     if (path < 0 || p.unreachable) return;  // start-up, or a group already failed
     PathSlot& slot = p.paths[path];
     if (slot.up) return;
+    const bool hunted = slot.hunt.active;
     slot.up = true;
     slot.generation++;
     slot.doubted = false;
-    slot.reconnects++;
+    if (hunted) {
+      // Re-opened by hunting (either side): a fresh connection on another
+      // route; its throughput is measured anew.
+      slot.hunt.active = false;
+      slot.hunt.hunts++;
+      slot.hunt.slow_for = 0;
+      slot.route = std::move(slot.hunt.next_route);
+      slot.hunt.next_route.clear();
+      slot.throughput = 0;
+      slot.busy_bytes = 0;
+      slot.busy_mark = Clock::time_point{};
+    } else {
+      slot.reconnects++;
+    }
     slot.inflight = 0;  // the old connection flushed everything it held
     slot.last_progress = Clock::now();
     slot.ping_outstanding = false;
-    MAESTRO_INFO("path ", path, " to rank ", peer, " is up again");
-    pump(p, path);
+    if (hunted) MAESTRO_INFO("path ", path, " to rank ", peer, " re-opened on another route",
+                             slot.route.empty() ? std::string() : strcat(" (via ", slot.route, ")"));
+    else MAESTRO_INFO("path ", path, " to rank ", peer, " is up again");
+    pumpAll(p);
   }
   notify();
 }
@@ -1000,6 +1065,10 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
       slot.last_error = what;
       if (p.left) {
         MAESTRO_INFO("path ", path, " to rank ", peer, " closed: the rank left the group");
+      } else if (slot.hunt.active) {
+        // Replaced by its re-opening (hunting): both sides know.
+        slot.errors--;
+        MAESTRO_INFO("path ", path, " to rank ", peer, ": the connection on the old route is retired");
       } else {
         MAESTRO_WARN("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
         // The peer may not notice (a blackhole swallows our close) and only
@@ -1136,9 +1205,36 @@ void Engine::monitorLoop() {
 void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
   Peer& p = *peers_[peer];
   std::vector<std::pair<int, std::string>> to_close;  // transport ids
-  std::vector<int> to_ping, to_reconnect;
+  std::vector<int> to_ping, to_reconnect, to_hunt;
   {
     std::lock_guard<std::mutex> lock(p.mu);
+    const double dt = p.last_tick == Clock::time_point{} ? 0 : seconds(now - p.last_tick);
+    p.last_tick = now;
+    // Path hunting: which paths stay slow against their siblings.
+    if (hunter_.enabled() && !p.unreachable && !p.left) {
+      std::vector<HuntSample> samples(p.paths.size());
+      std::vector<HuntState> states(p.paths.size());
+      for (size_t i = 0; i < p.paths.size(); ++i) {
+        PathSlot& s = p.paths[i];
+        samples[i].busy = s.inflight > 0 || s.bytes_sent != s.tick_bytes;
+        samples[i].usable = s.up && !s.doubted && !s.hunt.active;
+        samples[i].throughput = s.throughput;
+        s.tick_bytes = s.bytes_sent;
+        states[i] = s.hunt;
+        // A re-opening the opener announced but never made (it failed):
+        // the path carries chunks again.
+        if (s.hunt.active && !s.initiated && seconds(now - s.hunt.since) > 2 * config_.connect_timeout) {
+          s.hunt.active = false;
+          pumpAll(p);
+        }
+      }
+      for (int i : hunter_.tick(samples, states, dt, now)) to_hunt.push_back(p.paths[i].id);
+      for (size_t i = 0; i < p.paths.size(); ++i) {
+        const bool active = p.paths[i].hunt.active;
+        p.paths[i].hunt = states[i];
+        p.paths[i].hunt.active = active;
+      }
+    }
     for (size_t i = 0; i < p.paths.size(); ++i) {
       PathSlot& s = p.paths[i];
       if (!s.up) {
@@ -1172,6 +1268,7 @@ void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
   }
   for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
   for (int id : to_ping) sendPing(peer, id);
+  for (int id : to_hunt) queueHunt({HuntJob::kSlow, peer, id, {}});
   if (!to_reconnect.empty()) {
     std::lock_guard<std::mutex> lock(reconnect_mu_);
     for (int id : to_reconnect) reconnect_wanted_.insert({peer, id});
@@ -1189,12 +1286,32 @@ void Engine::reconnectLoop() {
   nameThisThread("maestro-reconn");
   while (!stopping_) {
     std::set<std::pair<int, int>> batch;
+    std::deque<HuntJob> hunts;
     {
       std::unique_lock<std::mutex> lock(reconnect_mu_);
-      reconnect_cv_.wait(lock, [&] { return stopping_.load() || !reconnect_wanted_.empty(); });
+      reconnect_cv_.wait(lock, [&] { return stopping_.load() || !reconnect_wanted_.empty() || !hunt_jobs_.empty(); });
       if (stopping_) break;
       batch.swap(reconnect_wanted_);
+      hunts.swap(hunt_jobs_);
     }
+    for (const auto& job : hunts) {
+      if (stopping_) break;
+      try {
+        runHunt(job);
+      } catch (const std::exception& e) {
+        MAESTRO_WARN("path hunting, path ", job.id, " to rank ", job.peer, ": ", e.what());
+      }
+    }
+    // Offers an acceptor never picked from go back.
+    for (auto it = offers_.begin(); it != offers_.end();) {
+      if (seconds(Clock::now() - it->second.at) > 2 * config_.connect_timeout) {
+        releasePorts(it->first.first, it->first.second, it->second.ports);
+        it = offers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (batch.empty()) continue;
     const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
     std::vector<std::thread> tries;
@@ -1219,6 +1336,221 @@ void Engine::reconnectPath(int peer, int id, Clock::time_point until) {
   if (slot >= 0) p.paths[slot].description = desc;
 }
 
+// ---------------------------------------------------------------- hunting
+
+void Engine::queueHunt(HuntJob job) {
+  std::lock_guard<std::mutex> lock(reconnect_mu_);
+  if (hunt_jobs_.size() >= 4 * static_cast<size_t>(size_) * mesh_.paths) return;  // a peer flooding asks
+  hunt_jobs_.push_back(std::move(job));
+  reconnect_cv_.notify_all();
+}
+
+std::vector<std::string> Engine::otherRoutes(int peer, int id, bool own_too) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  std::vector<std::string> hops;
+  std::string own;
+  for (const auto& s : p.paths) {
+    if (s.id == id) own = s.route;
+    else if (!s.route.empty()) hops.push_back(s.route);
+  }
+  if (own_too && !own.empty()) hops.push_back(own);  // the hot one
+  return hops;
+}
+
+std::vector<uint16_t> Engine::reservePorts(int peer, int id) {
+  std::vector<uint16_t> ports;
+  const std::string& addr = mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()];
+  for (int c = 0; c < config_.candidates; ++c) {
+    uint16_t port = mesh_.transport->reservePort(addr);
+    if (port == 0) break;
+    ports.push_back(port);
+  }
+  return ports;
+}
+
+void Engine::releasePorts(int peer, int id, const std::vector<uint16_t>& ports, uint16_t keep,
+                          const std::vector<uint16_t>& keep_too) {
+  const std::string& addr = mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()];
+  for (uint16_t port : ports)
+    if (port != keep && std::find(keep_too.begin(), keep_too.end(), port) == keep_too.end())
+      mesh_.transport->releasePort(addr, port);
+}
+
+std::vector<std::string> Engine::probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener) {
+  std::vector<transport::RouteProbe> probes;
+  const std::string& listener = (opener ? mesh_.endpoints[peer] : mesh_.endpoints[rank_])[id % mesh_.endpoints[rank_].size()];
+  const std::string& opener_addr =
+      opener ? mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()]
+             : mesh_.peer_vnics[peer][id % mesh_.peer_vnics[peer].size()];
+  for (uint16_t port : ports) {
+    const std::string from = strcat(opener_addr, ":", port);
+    probes.push_back(opener ? transport::RouteProbe{from, listener} : transport::RouteProbe{listener, from});
+  }
+  std::string why;
+  auto hops = mesh_.transport->probeRoutes(probes, config_.probe_ttl, Clock::now() + std::chrono::milliseconds(1500),
+                                           &why);
+  if (!why.empty()) MAESTRO_INFO("path hunting, path ", id, " to rank ", peer, ": ", why);
+  return hops;
+}
+
+void Engine::runHunt(const HuntJob& job) {
+  const int peer = job.peer, id = job.id;
+  const bool predict = config_.discovery == "ttl";
+  switch (job.kind) {
+    case HuntJob::kSlow: {
+      bool opener;
+      {
+        Peer& p = *peers_[peer];
+        std::lock_guard<std::mutex> lock(p.mu);
+        int slot = slotOf(p, id);
+        if (slot < 0 || !p.paths[slot].up || p.unreachable) return;
+        opener = p.paths[slot].initiated;
+      }
+      MAESTRO_INFO("path hunting: path ", id, " to rank ", peer, " stays slower than its siblings",
+                   opener ? "" : strcat(" (towards rank ", peer, ", which opened it)"));
+      if (!opener) {
+        // Only the opener can move the connection; only we can probe our
+        // direction of it: ask for candidate ports.
+        sendControl(peer, ControlType::kHuntAsk, 0, static_cast<uint32_t>(id));
+        return;
+      }
+      if (!predict) {
+        reopenPath(peer, id, 0, "");  // a blind re-hash
+        return;
+      }
+      std::vector<uint16_t> ports = reservePorts(peer, id);
+      std::vector<std::string> hops = probeCandidates(peer, id, ports, true);
+      int pick = pickRoute(hops, otherRoutes(peer, id));
+      releasePorts(peer, id, ports, pick >= 0 ? ports[pick] : 0);
+      if (pick < 0) {
+        MAESTRO_INFO("path hunting: none of ", ports.size(), " candidate ports of path ", id, " to rank ", peer,
+                     " avoids the other paths' core hops; it stays");
+        return;
+      }
+      reopenPath(peer, id, ports[pick], hops[pick]);
+      return;
+    }
+    case HuntJob::kAsked: {
+      if (!predict) {
+        reopenPath(peer, id, 0, "");
+        return;
+      }
+      auto key = std::make_pair(peer, id);
+      if (offers_.count(key)) return;  // one offer at a time
+      std::vector<uint16_t> ports = reservePorts(peer, id);
+      if (ports.empty()) return;
+      // Offer the ports whose route in our direction avoids the other
+      // paths' hops (all of them if none does): the acceptor then picks
+      // among those for its direction, so one re-opening serves both.
+      std::vector<std::string> hops = probeCandidates(peer, id, ports, true);
+      // (Our direction of this path is not the slow one: its hop may stay.)
+      std::vector<std::string> avoid = otherRoutes(peer, id, false);
+      std::vector<uint16_t> good;
+      std::map<uint16_t, std::string> route;
+      for (size_t i = 0; i < ports.size(); ++i) {
+        route[ports[i]] = hops[i];
+        if (pickRoute({hops[i]}, avoid) == 0) good.push_back(ports[i]);
+      }
+      if (good.empty()) good = ports;
+      releasePorts(peer, id, ports, 0, good);
+      offers_[key] = {good, route, Clock::now()};
+      sendControl(peer, ControlType::kHuntOffer, 0, static_cast<uint32_t>(id), good.data(), 2 * good.size());
+      return;
+    }
+    case HuntJob::kOffered: {
+      std::vector<std::string> hops = probeCandidates(peer, id, job.ports, false);
+      int pick = pickRoute(hops, otherRoutes(peer, id));
+      uint16_t port = pick >= 0 ? job.ports[pick] : 0;
+      if (pick < 0) {
+        MAESTRO_INFO("path hunting: none of ", job.ports.size(), " candidate ports of path ", id, " from rank ",
+                     peer, " avoids the other paths' core hops; it stays");
+      } else {
+        Peer& p = *peers_[peer];
+        std::lock_guard<std::mutex> lock(p.mu);
+        int slot = slotOf(p, id);
+        if (slot >= 0) p.paths[slot].hunt.next_route = hops[pick];
+      }
+      sendControl(peer, ControlType::kHuntPick, 0, static_cast<uint32_t>(id), &port, sizeof port);
+      return;
+    }
+    case HuntJob::kPicked: {
+      auto it = offers_.find({peer, id});
+      if (it == offers_.end()) return;
+      Offer offer = std::move(it->second);
+      offers_.erase(it);
+      const uint16_t port = job.ports.empty() ? 0 : job.ports[0];
+      const bool ours = port != 0 && std::find(offer.ports.begin(), offer.ports.end(), port) != offer.ports.end();
+      releasePorts(peer, id, offer.ports, ours ? port : 0);
+      if (!ours) return;  // nothing better (or not a port we offered)
+      reopenPath(peer, id, port, offer.route[port]);
+      return;
+    }
+  }
+}
+
+void Engine::reopenPath(int peer, int id, uint16_t port, const std::string& route) {
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    int slot_index = slotOf(p, id);
+    if (slot_index < 0 || !p.paths[slot_index].up || p.unreachable) return;
+    PathSlot& slot = p.paths[slot_index];
+    // Tell the acceptor on the path itself: ordered behind what the old
+    // connection still carries, so it arrives before the new connection
+    // does (a notice that came late would set the new one aside).
+    ControlHeader h{};
+    h.type = static_cast<uint8_t>(ControlType::kHunt);
+    h.sub = static_cast<uint32_t>(id);
+    try {
+      mesh_.transport->postSend(peer, id, &h, sizeof h);
+    } catch (const Error&) {
+      return;  // the path just failed: the reconnect logic has it
+    }
+    // Drain: no new chunks; what is queued moves to the siblings now.
+    slot.hunt.active = true;
+    slot.hunt.since = Clock::now();
+    slot.hunt.next_route = route;
+    std::deque<ChunkDesc*> queued;
+    queued.swap(slot.queue);
+    for (ChunkDesc* c : queued) enqueue(p, c);
+    pumpAll(p);
+  }
+  notify();
+  // What is in flight completes on the old route (bounded: a write stuck
+  // there comes back flushed when the connection is replaced, and moves).
+  const auto drain_until = Clock::now() + std::chrono::seconds(1);
+  while (Clock::now() < drain_until && !stopping_) {
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      int slot_index = slotOf(p, id);
+      if (slot_index < 0 || p.paths[slot_index].inflight == 0 || !p.paths[slot_index].up) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(std::min(2.0, config_.connect_timeout)));
+  bool moved = false;
+  try {
+    moved = mesh_.transport->reopen(peer, id, port, until);  // onPathError (old), then onPathUp (new)
+  } catch (const std::exception& e) {
+    MAESTRO_WARN("path hunting: cannot re-open path ", id, " to rank ", peer, ": ", e.what());
+  }
+  std::string desc = moved ? mesh_.transport->describePath(peer, id) : std::string();
+  std::lock_guard<std::mutex> lock(p.mu);
+  int slot_index = slotOf(p, id);
+  if (slot_index < 0) return;
+  PathSlot& slot = p.paths[slot_index];
+  if (moved) {
+    slot.description = desc;
+  } else if (slot.hunt.active) {
+    // The old connection goes on (the acceptor's notice expires by itself).
+    slot.hunt.active = false;
+    MAESTRO_INFO("path hunting: path ", id, " to rank ", peer, " could not be re-opened; it stays on its route");
+    pumpAll(p);
+  }
+}
+
 // ---------------------------------------------------------------- stats
 
 std::vector<PathStats> Engine::pathStats() const {
@@ -1241,6 +1573,7 @@ std::vector<PathStats> Engine::pathStats() const {
       st.last_error = s.last_error;
       st.route = s.route;
       st.reconnects = s.reconnects;
+      st.hunts = s.hunt.hunts;
       st.bytes_sent = s.bytes_sent;
       st.bytes_received = s.bytes_received;
       st.chunks_sent = s.chunks_sent;
@@ -1291,14 +1624,15 @@ std::string Engine::pathTable() const {
   std::ostringstream os;
   os << "  peer path state   " << std::left << std::setw(44) << "local <-> remote" << std::right << std::setw(12)
      << "sent MB" << std::setw(12) << "recv MB" << std::setw(9) << "chunks" << std::setw(7) << "errors"
-     << std::setw(7) << "resent" << std::setw(10) << "MB/s" << std::setw(10) << "rtt ms" << std::setw(8) << "retx %"
-     << "  cc\n";
+     << std::setw(7) << "resent" << std::setw(7) << "hunts" << std::setw(10) << "MB/s" << std::setw(10) << "rtt ms"
+     << std::setw(8) << "retx %" << "  cc\n";
   const std::vector<PathStats> stats = pathStats();
   for (const auto& s : stats) {
     os << "  " << std::setw(4) << s.peer << std::setw(5) << s.path << " " << std::left << std::setw(8) << s.state
        << std::setw(44) << s.description << std::right << std::fixed << std::setprecision(2) << std::setw(12)
        << s.bytes_sent / 1e6 << std::setw(12) << s.bytes_received / 1e6 << std::setw(9) << s.chunks_sent
-       << std::setw(7) << s.errors << std::setw(7) << s.resent << std::setw(10) << s.throughput / 1e6
+       << std::setw(7) << s.errors << std::setw(7) << s.resent << std::setw(7) << s.hunts << std::setw(10)
+       << s.throughput / 1e6
        << std::setw(10) << s.rtt * 1e3;
     // Retransmitted share of the bytes the connection sent (TCP loss the
     // kernel recovered from; "-" where the transport keeps no such count).

@@ -37,6 +37,7 @@
 
 #include "common/config.h"
 #include "common/rendezvous.h"
+#include "multipath/hunter.h"
 #include "multipath/qp_manager.h"
 #include "multipath/reassembler.h"
 #include "multipath/scheduler.h"
@@ -53,6 +54,11 @@ enum class ControlType : uint8_t {
   kP2PReady = 9,   // sender -> receiver: message <seq> with user tag <sub> and its size is waiting
   kP2PGrant = 10,  // receiver -> sender: write message <seq> here, on these engine tags (or: refused)
   kP2PDone = 11,   // sender -> receiver: message <seq>'s writes are over (or: it was cancelled)
+  // Path hunting (multipath/hunter.h); sub is the transport path id.
+  kHunt = 12,       // opener -> acceptor: path <sub> is being re-opened on another route (drain it)
+  kHuntAsk = 13,    // acceptor -> opener: path <sub> is slow towards you: offer me source ports
+  kHuntOffer = 14,  // opener -> acceptor: candidate source ports (uint16 each), reserved for a while
+  kHuntPick = 15,   // acceptor -> opener: re-open from this port (uint16; 0: none goes elsewhere)
 };
 
 // A point-to-point control message as it arrived.
@@ -81,6 +87,7 @@ struct PathStats {
   std::string last_error;
   std::string route;        // core hop found by discovery ("" if not probed)
   uint64_t reconnects = 0;
+  uint64_t hunts = 0;       // re-opened on another route by path hunting
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t chunks_sent = 0, chunks_received = 0;
   uint64_t errors = 0, resent = 0;
@@ -231,6 +238,25 @@ class Engine : public transport::CompletionSink {
   void monitorPeer(int peer, Clock::time_point now, bool probe);
   void reconnectLoop();
   void reconnectPath(int peer, int transport_path, Clock::time_point until);
+  // Path hunting, on the reconnect thread (probes and connects block).
+  struct HuntJob {
+    enum Kind { kSlow, kAsked, kOffered, kPicked } kind;
+    int peer, id;                 // transport path id
+    std::vector<uint16_t> ports;  // kOffered: the opener's candidates; kPicked: the one chosen
+  };
+  void queueHunt(HuntJob job);
+  void runHunt(const HuntJob& job);
+  // The opener: drain path `id`, re-open it from `port` (0: any new one).
+  void reopenPath(int peer, int id, uint16_t port, const std::string& route);
+  // Probe each candidate's route: ours towards the peer (the opener's
+  // direction) or the peer's port towards our listener (the acceptor's).
+  std::vector<std::string> probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener);
+  // The core hops of the peer's other paths, and (own_too) of this one.
+  std::vector<std::string> otherRoutes(int peer, int id, bool own_too = true);
+  std::vector<uint16_t> reservePorts(int peer, int id);
+  // Give back the reserved `ports`, except `keep` and those in `keep_too`.
+  void releasePorts(int peer, int id, const std::vector<uint16_t>& ports, uint16_t keep = 0,
+                    const std::vector<uint16_t>& keep_too = {});
   struct SentControl;
   void postControl(Peer& peer, std::vector<uint8_t> msg, bool reliable);  // peer.mu held
 
@@ -280,6 +306,16 @@ class Engine : public transport::CompletionSink {
   std::mutex reconnect_mu_;
   std::condition_variable reconnect_cv_;
   std::set<std::pair<int, int>> reconnect_wanted_;  // (peer, transport path) to reopen, reconnect_mu_
+  std::deque<HuntJob> hunt_jobs_;                     // reconnect_mu_
+  // The opener's ports offered to an acceptor, by (peer, transport path),
+  // with when (released if no pick comes). Reconnect thread only.
+  struct Offer {
+    std::vector<uint16_t> ports;
+    std::map<uint16_t, std::string> route;  // our direction's core hop of each
+    Clock::time_point at;
+  };
+  std::map<std::pair<int, int>, Offer> offers_;
+  Hunter hunter_;
   std::thread reconnector_;
 };
 

@@ -21,7 +21,7 @@ namespace {
 
 // Every step of the start-up, in order; an error is published under all of
 // them so that a peer waiting at any step sees it.
-const std::vector<std::string> kSteps = {"host", "config", "vnics", "secret", "transport", "endpoints"};
+const std::vector<std::string> kSteps = {"host", "config", "vnics", "secret", "transport", "routed", "endpoints"};
 
 std::string hex(const uint8_t* data, size_t n) {
   static const char* digits = "0123456789abcdef";
@@ -148,7 +148,6 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     options.max_inflight_per_path = config.window;
     options.busy_poll = config.busy_poll;
     options.tcp_congestion = net::chooseCongestion(config.tcp_congestion, &mesh.congestion_why);
-    options.share_listen_ports = config.discovery == "ttl";
     std::string secret_hex;
     if (rank_ == 0) {
       for (size_t i = 0; i < options.secret.size(); i += 8) {
@@ -175,11 +174,46 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     }
     mesh.transport_kind = kind;
     mesh.transport_why = why;
+
+    mesh.discovery = config.discovery;
+    if (config.discovery == "auto") {
+      bool mine = kind == "tcp" && !one_host && routedApart(config, mesh, &mesh.discovery_why);
+      bool any = false;
+      for (const auto& v : allGather("routed", mine ? "1" : "0")) any = any || v == "1";
+      mesh.discovery = any ? "ttl" : "off";
+      if (kind != "tcp") mesh.discovery_why = "the verbs transport cannot probe routes";
+      else if (one_host) mesh.discovery_why = "every rank is on this host";
+      else if (any) mesh.discovery_why = "routers between the ranks answered probes";
+    }
+    // Route probes from a listener's own port need it shared (SO_REUSEPORT);
+    // otherwise no other socket may bind it.
+    options.share_listen_ports = mesh.discovery == "ttl";
   } catch (const Error& e) {
     publishError(e.what());
     throw;
   }
   return mesh;
+}
+
+bool QpManager::routedApart(const Config& config, const Mesh& mesh, std::string* why) {
+  // A TTL-limited SYN from each of our vNICs towards the matching vNIC of
+  // the ring neighbour (any port: the routers look at it only to hash). A
+  // router that answers means the paths are routed, so they may be hashed:
+  // discovery then finds out (and costs one probing round where routes are
+  // pinned). The peer itself answering, or no answer, means no router that
+  // far (one switch, or ICMP filtered: discovery could not help anyway).
+  const int right = (rank_ + 1) % size_;
+  if (right == rank_) return false;
+  std::vector<std::pair<net::SockAddr, net::SockAddr>> probes;
+  const auto& theirs = mesh.peer_vnics[right];
+  for (size_t i = 0; i < mesh.vnics.addresses.size() && !theirs.empty(); ++i)
+    probes.emplace_back(net::parseAddress(mesh.vnics.addresses[i], 0), net::parseAddress(theirs[i % theirs.size()], 9));
+  std::string probe_why;
+  auto hops = net::probeHops(probes, config.probe_ttl, Clock::now() + std::chrono::seconds(1), &probe_why);
+  for (const auto& h : hops)
+    if (!h.empty()) return true;
+  *why = probe_why.empty() ? strcat("no router ", config.probe_ttl, " hops towards rank ", right) : probe_why;
+  return false;
 }
 
 void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,
@@ -391,6 +425,7 @@ void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink
     std::vector<std::vector<std::string>> endpoints;
     for (const auto& e : allGather("endpoints", mine)) endpoints.push_back(splitList(e));
     mesh.transport->expectPeers(endpoints);
+    mesh.endpoints = endpoints;
     // Every rank published its endpoints after it read the group secret:
     // the store need not keep it (anyone who can read the store could
     // otherwise present it).
@@ -407,7 +442,7 @@ void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink
     // under discovery the chosen candidate (connected from its probed port).
     std::map<int, std::vector<int>> chosen;
     std::map<int, std::vector<uint16_t>> ports;
-    if (config.discovery == "ttl") {
+    if (mesh.discovery == "ttl") {
       chosen = discover(config, mesh, endpoints, &ports);
     } else {
       for (int peer = 0; peer < size_; ++peer)

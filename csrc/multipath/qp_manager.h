@@ -36,6 +36,7 @@ struct Mesh {
   std::string congestion_why;    // tcp: the paths' congestion control and why
   VnicChoice vnics;
   std::vector<std::vector<std::string>> peer_vnics;  // every rank's vNIC addresses
+  std::vector<std::vector<std::string>> endpoints;   // every rank's listening endpoints (ip:port)
   int paths = 0;
   // Per peer, per path: the transport's path id (a candidate index under
   // discovery, else the path index), whether it connected at start-up (a
@@ -45,6 +46,8 @@ struct Mesh {
   std::vector<std::vector<bool>> up;
   std::vector<std::vector<std::string>> routes;
   std::vector<bool> initiator;
+  std::string discovery;         // off | ttl: MAESTRO_DISCOVERY resolved (auto decided at set-up)
+  std::string discovery_why;     // how auto decided
   std::string discovery_report;  // for the INFO log
 };
 
@@ -55,7 +58,8 @@ class QpManager {
   // Resolves the config (Options overrides + environment) as the first step,
   // so a bad knob on one rank fails every rank.
   Config agreeOnConfig(const std::map<std::string, std::string>& overrides);
-  // Agree on vNICs, paths per peer, the group secret and the transport.
+  // Agree on vNICs, paths per peer, the group secret, the transport, and
+  // (discovery=auto) whether the ranks are routed apart: then discovery runs.
   Mesh plan(const Config& config, const std::string& rendezvous_host);
   // Create the transport, listen, exchange endpoints and connect every path
   // (under discovery: candidates in rounds, probed, the disjoint ones kept).
@@ -79,6 +83,9 @@ class QpManager {
   // Publish our value for `step` and collect every rank's. Throws with the
   // message of the first rank that published an error.
   std::vector<std::string> allGather(const std::string& step, const std::string& value);
+  // discovery=auto: is a router MAESTRO_PROBE_TTL hops out towards our ring
+  // neighbour (a probe from each vNIC)? Every rank's answer decides.
+  bool routedApart(const Config& config, const Mesh& mesh, std::string* why);
   void publishError(const std::string& message);
 
   Rendezvous& store_;

@@ -175,6 +175,14 @@ class Transport {
   // and, where possible, the same source port (the same 5-tuple, so ECMP
   // puts it on the same route). False if the peer was not reached in time.
   virtual bool reconnect(int peer, int path, Deadline deadline) = 0;
+  // Re-open a live path this side initiated from another source port
+  // (`local_port` from reservePort(), or 0 for any new one), so that ECMP
+  // hashes it onto another route (path hunting). The new connection
+  // replaces the old one as a reconnect does: onPathError for the old, then
+  // onPathUp. False if the peer was not reached in time: the old connection
+  // goes on. A transport that cannot choose a connection's route returns
+  // false at once.
+  virtual bool reopen(int peer, int path, uint16_t local_port, Deadline deadline) { return false; }
   // ---- route discovery (ECMP) ----
   // Reserve a source port on a local address for a later connect()
   // (PathSpec::local_port), so that a probe and the connection share their

@@ -4,6 +4,7 @@
 // threads over four real loopback paths).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 
 #include <thread>
@@ -272,6 +273,87 @@ TEST(EngineAdaptive, ASmallMessageIsSpreadOverThePathsNotPiledOnTheFirst) {
   }
   for (const auto& s : engines[0]->pathStats())
     EXPECT_GT(s.chunks_sent, 0u) << "path " << s.path << " carried nothing:\n" << engines[0]->pathTable();
+}
+
+// Path hunting's mechanics, without a slow path to find: the acceptor asks
+// the opener to move a path (as it does when the path is slow towards the
+// opener); without discovery the opener re-opens it from a fresh source
+// port while allreduces stream over every path. The path comes back on the
+// new port, no chunk is lost, and neither side counts it as a failure.
+TEST(EngineHunting, AReopenedPathMovesPortsMidStreamAndNothingIsLost) {
+  MemoryRendezvous store;
+  // hunt_after: the detector itself stays out of it (loopback paths on a busy host differ).
+  auto engines = twoEngines(store, {{"paths", "2"}, {"hunt", "on"}, {"hunt_after", "3600"}, {"chunk_size", "16K"}});
+  Engine& a = *engines[0];  // opens every path (the lower rank)
+  Engine& b = *engines[1];
+  const std::string before = a.pathStats()[1].description;
+  const uint64_t count = 1 << 20;  // 4 MiB per allreduce
+  std::vector<std::vector<float>> data(2, std::vector<float>(count));
+  std::atomic<bool> asked{false};
+  for (uint64_t seq = 1; seq <= 12; ++seq) {
+    for (int r = 0; r < 2; ++r) std::fill(data[r].begin(), data[r].end(), static_cast<float>(r + seq));
+    auto errors = runRanks(2, [&](int r) {
+      Engine& e = *engines[r];
+      if (r == 1 && seq == 3 && !asked.exchange(true)) {
+        // Path 1's transport id is 1 (no discovery).
+        std::thread([&b] { b.sendControl(0, ControlType::kHuntAsk, 0, 1); }).detach();
+      }
+      collectives::Window w{e.registerMemory(data[r].data(), count * sizeof(float)), 0};
+      collectives::allreduce(e, seq, w, count, collectives::DType::kFloat32, collectives::ReduceOp::kSum, after(30));
+      e.deregisterMemory(w.region);
+    });
+    for (auto& e : errors) ASSERT_EQ("", errorText(e));
+    for (int r = 0; r < 2; ++r)
+      ASSERT_EQ(static_cast<float>(1 + 2 * seq), data[r][count - 1]) << "allreduce " << seq << " rank " << r;
+  }
+  // The re-opening is asynchronous: give it its bounded time.
+  auto deadline = after(10);
+  while (Clock::now() < deadline && (a.pathStats()[1].hunts == 0 || b.pathStats()[1].hunts == 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (Engine* e : {&a, &b}) {
+    auto stats = e->pathStats();
+    EXPECT_EQ(1u, stats[1].hunts) << e->pathTable();
+    EXPECT_EQ(0u, stats[0].hunts) << e->pathTable();
+    for (const auto& s : stats) {
+      EXPECT_EQ("up", s.state) << e->pathTable();
+      EXPECT_EQ(0u, s.errors) << "a re-opening counted as a failure:\n" << e->pathTable();
+      EXPECT_EQ(0u, s.reconnects) << e->pathTable();
+    }
+  }
+  EXPECT_NE(before, a.pathStats()[1].description) << "path 1 kept its source port";
+  // ...and the new connection carries data.
+  const uint64_t sent = a.pathStats()[1].chunks_sent;
+  auto errors = runRanks(2, [&](int r) {
+    Engine& e = *engines[r];
+    collectives::Window w{e.registerMemory(data[r].data(), count * sizeof(float)), 0};
+    collectives::allreduce(e, 13, w, count, collectives::DType::kFloat32, collectives::ReduceOp::kSum, after(30));
+    e.deregisterMemory(w.region);
+  });
+  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  EXPECT_GT(a.pathStats()[1].chunks_sent, sent) << a.pathTable();
+}
+
+// Hunting messages out of place are ignored, not trusted: an offer sent to
+// the opener, a pick nobody offered, a malformed body.
+TEST(EngineHunting, MisplacedOrMalformedHuntMessagesAreIgnored) {
+  MemoryRendezvous store;
+  auto engines = twoEngines(store, {{"paths", "2"}, {"hunt", "on"}, {"hunt_after", "3600"}});
+  Engine& a = *engines[0];
+  Engine& b = *engines[1];
+  uint16_t port = 1;
+  b.sendControl(0, ControlType::kHuntOffer, 0, 1, &port, 2);   // offers go to the acceptor
+  b.sendControl(0, ControlType::kHuntPick, 0, 1, &port, 2);    // never offered
+  b.sendControl(0, ControlType::kHuntAsk, 0, 99);              // no such path
+  b.sendControl(0, ControlType::kHuntPick, 0, 0, "abc", 3);    // odd body
+  a.sendControl(1, ControlType::kHuntAsk, 0, 0);               // asks go to the opener
+  a.sendControl(1, ControlType::kHunt, 0, 77);                 // no such path
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (Engine* e : {&a, &b})
+    for (const auto& s : e->pathStats()) {
+      EXPECT_EQ("up", s.state) << e->pathTable();
+      EXPECT_EQ(0u, s.hunts) << e->pathTable();
+      EXPECT_EQ(0u, s.errors) << e->pathTable();
+    }
 }
 
 }  // namespace

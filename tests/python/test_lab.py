@@ -100,6 +100,24 @@ def test_ecmp_discovery_picks_disjoint_spines():
         assert min(up) > 0.1 * sum(up), f"bytes L{leaf}->spine per spine on discovered paths: {up}"
 
 
+def test_ecmp_defaults_find_disjoint_spines_by_themselves():
+    # No knob: discovery=auto sees routers between the ranks and runs
+    # discovery, so the paths are placed on distinct spines as with
+    # MAESTRO_DISCOVERY=ttl (and path hunting is on).
+    with lab("td", mode="ecmp") as l:
+        before = l.link_bytes()
+        res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "0",
+                                       "--min-iters", "2"], env={"MAESTRO_DEBUG": "INFO"}, timeout=300))
+        after = l.link_bytes()
+    assert all(it["ok"] for rank in res["ranks"] for it in rank)
+    for rank in (1, 3):
+        hops = [p["route"] for p in res["ranks"][rank][-1]["paths"] if p["peer"] == (rank + 1) % 4]
+        assert all(hops) and len(set(hops)) == 4, f"rank {rank}: paths to the right via {hops}"
+    for leaf in (0, 1):
+        up = bytes_up(before, after, leaf)
+        assert min(up) > 0.1 * sum(up), f"bytes L{leaf}->spine per spine with default settings: {up}"
+
+
 def test_adaptive_moves_chunks_off_loaded_spines():
     with lab("ta", mode="pinned") as l:
         bgs = [l.background(spine=s, mbit=170, proto="udp") for s in (2, 3)]

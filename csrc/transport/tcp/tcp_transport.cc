@@ -371,23 +371,35 @@ void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline de
 }
 
 bool TcpTransport::reconnect(int peer, int path, Deadline deadline) {
+  return openAgain(peer, path, std::nullopt, deadline);
+}
+
+bool TcpTransport::reopen(int peer, int path, uint16_t local_port, Deadline deadline) {
+  return openAgain(peer, path, local_port, deadline);
+}
+
+bool TcpTransport::openAgain(int peer, int path, std::optional<uint16_t> local_port, Deadline deadline) {
   Initiated init;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = initiated_.find({peer, path});
-    MAESTRO_CHECK(it != initiated_.end(), "reconnect: path ", path, " to rank ", peer, " was not opened here");
+    MAESTRO_CHECK(it != initiated_.end(), "path ", path, " to rank ", peer, " was not opened here");
     init = it->second;
   }
   int fd = -1;
   try {
-    try {
-      fd = open(init.spec, init.hello, init.local_port, deadline);  // same 5-tuple
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("bind") == std::string::npos) throw;
-      fd = open(init.spec, init.hello, 0, deadline);  // port still held: a new one
+    if (local_port) {
+      fd = open(init.spec, init.hello, *local_port, deadline);  // the port hunting chose
+    } else {
+      try {
+        fd = open(init.spec, init.hello, init.local_port, deadline);  // same 5-tuple
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("bind") == std::string::npos) throw;
+        fd = open(init.spec, init.hello, 0, deadline);  // port still held: a new one
+      }
     }
   } catch (const Error& e) {
-    MAESTRO_TRACE("reconnect of path ", path, " to rank ", peer, " failed: ", e.what());
+    MAESTRO_TRACE("re-opening path ", path, " to rank ", peer, " failed: ", e.what());
     return false;
   }
   {
@@ -416,55 +428,10 @@ void TcpTransport::releasePort(const std::string& local_addr, uint16_t port) {
 
 std::vector<std::string> TcpTransport::probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
                                                    std::string* why) {
-  // Every probe is a SYN from the exact 5-tuple, sent at once; the router
-  // where its TTL runs out answers "time exceeded", which the kernel queues
-  // on the socket's error queue while it is connecting (IP_RECVERR).
-  std::vector<std::string> hops(probes.size());
-  std::vector<int> fds(probes.size(), -1);
-  size_t open = 0, answered = 0, reached = 0;
-  for (size_t i = 0; i < probes.size(); ++i) {
-    try {
-      fds[i] = net::startProbe(net::parseEndpoint(probes[i].local_endpoint),
-                               net::parseEndpoint(probes[i].remote_endpoint), ttl);
-      ++open;
-    } catch (const Error& e) {
-      *why = e.what();
-    }
-  }
-  while (open > 0 && Clock::now() < deadline) {
-    std::vector<pollfd> pfds;
-    std::vector<size_t> index;
-    for (size_t i = 0; i < fds.size(); ++i)
-      if (fds[i] >= 0) {
-        pfds.push_back({fds[i], POLLOUT, 0});
-        index.push_back(i);
-      }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (::poll(pfds.data(), pfds.size(), static_cast<int>(std::max<long long>(1, std::min<long long>(left, 100)))) <= 0)
-      continue;
-    for (size_t k = 0; k < pfds.size(); ++k) {
-      size_t i = index[k];
-      if (pfds[k].revents & POLLERR) {
-        hops[i] = net::readIcmpOffender(fds[i]);
-        // No ICMP: refused by the peer itself (no router that far).
-        (hops[i].empty() ? reached : answered) += 1;
-      } else if (pfds[k].revents & POLLOUT) {
-        ++reached;  // connected: the peer itself answered (no router that far)
-      } else {
-        continue;
-      }
-      net::closeWithReset(fds[i]);
-      fds[i] = -1;
-      --open;
-    }
-  }
-  for (int fd : fds)
-    if (fd >= 0) net::closeWithReset(fd);
-  if (answered + reached < probes.size())
-    *why = strcat(probes.size() - answered - reached, " of ", probes.size(),
-                  " route probes got no ICMP time-exceeded answer (TTL ", ttl,
-                  " beyond the routers, routers rate-limiting ICMP, or ICMP filtered)");
-  return hops;
+  std::vector<std::pair<net::SockAddr, net::SockAddr>> tuples;
+  for (const auto& p : probes)
+    tuples.emplace_back(net::parseEndpoint(p.local_endpoint), net::parseEndpoint(p.remote_endpoint));
+  return net::probeHops(tuples, ttl, deadline, why);
 }
 
 void TcpTransport::awaitAccepted(size_t count, Deadline deadline) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -42,6 +43,7 @@ class TcpTransport : public Transport {
   std::string describePath(int peer, int path) const override;
   PathCounters pathCounters(int peer, int path) const override;
   bool reconnect(int peer, int path, Deadline deadline) override;
+  bool reopen(int peer, int path, uint16_t local_port, Deadline deadline) override;
   uint16_t reservePort(const std::string& local_addr) override;
   void releasePort(const std::string& local_addr, uint16_t port) override;
   std::vector<std::string> probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
@@ -65,6 +67,8 @@ class TcpTransport : public Transport {
   void install(int peer, int path, int fd, bool accepted);
   // Connect, present the hello, wait for the answer; returns the fd.
   int open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline);
+  // reconnect() (no port: the same 5-tuple where possible) and reopen().
+  bool openAgain(int peer, int path, std::optional<uint16_t> local_port, Deadline deadline);
 
   struct Initiated {
     PathSpec spec;
