@@ -6,6 +6,20 @@ ECMP hash (and of the placement where it is random).
     python benchmarks/fabric_sim.py                       # everything: docs/results/data/fabric_sim.json
     python benchmarks/fabric_sim.py --seeds 20 --out /tmp/fs.json   # quicker, elsewhere
     python benchmarks/fabric_sim.py --ranks 256 --spines 8 --policies gloo,maestro --only scale
+    python benchmarks/fabric_sim.py --fabrics 16x25:packed --only scale,k      # one scenario
+
+The default grid (--fabrics) has three cases:
+
+* fast core, packed and scattered: core links as fast as access links (100
+  Gbit/s), 16 spines (1:1) and 8 (2:1). Packed, one flow fills a NIC, so
+  multipath has nothing to add; scattered, ECMP collisions decide.
+* slow core, packed: each core link a quarter of the access link, so one
+  flow cannot fill a NIC, the lab's case (1 Gbit/s access, 200 Mbit/s spine
+  links) at scale. 400 Gbit/s NICs on a fabric of 100 Gbit/s links (or 100G
+  NICs on 25G uplinks); fractions of ideal depend only on the ratio, so it is
+  modelled as 100 and 25. 16 spines is 4:1 oversubscribed (a leaf with 16
+  NICs at 400G and 16 uplinks at 100G); 64 spines is 1:1, a 12.8 Tbit/s
+  leaf split into 16 x 400G down and 64 x 100G up, with 64-leaf spines.
 
 The model, and why:
 
@@ -49,8 +63,9 @@ The model, and why:
     spray    ideal packet spraying: every flow split evenly over all the live
              spines between its leaves.
 * Ideal: the busbw of the same fabric and placement with `spray` and no
-  failures (per seed; for packed placement with core links at least as fast
-  as access links it is the access rate).
+  failures (per seed; for packed placement it is the access rate as long as
+  a leaf's spines together are at least as fast as one access link, slow
+  core links included).
 * Failures: `failed` leaf-spine links down in both directions, on the leaf of
   rank 0 (as the lab's resiliency experiment cuts its leaf's links), or on
   random leaves with --failure-spread random.
@@ -78,6 +93,8 @@ POLICIES = ("gloo", "k-even", "maestro", "spray")
 RANKS = (16, 32, 64, 128, 256, 512, 1024)
 KS = (1, 2, 4, 8)
 FAILED = (0, 1, 2)
+# SPINESxCORE_GBPS:placement+placement, access links at --access-gbps.
+FABRICS = ("16x100:scattered+packed", "8x100:scattered+packed", "16x25:packed", "64x25:packed")
 
 
 @dataclass(frozen=True)
@@ -362,6 +379,17 @@ def fabric_dict(fab: Fabric) -> dict:
             "oversubscription": fab.oversubscription}
 
 
+def fabric_spec(s: str) -> tuple:
+    """'16x25:packed' -> (16, 25.0, ('packed',)); without ':...' both placements."""
+    shape, _, places = s.partition(":")
+    spines, _, core = shape.partition("x")
+    placements = tuple(places.split("+")) if places else ("scattered", "packed")
+    for p in placements:
+        if p not in ("scattered", "packed"):
+            raise argparse.ArgumentTypeError(f"unknown placement {p!r} in {s!r}")
+    return int(spines), float(core), placements
+
+
 def csv(kind):
     return lambda s: tuple(kind(x) for x in s.split(","))
 
@@ -378,11 +406,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=csv(int), default=RANKS, help="rank counts for the scale sweep")
     ap.add_argument("--ranks-per-leaf", type=int, default=16)
-    ap.add_argument("--spines", type=csv(int), default=(16, 8),
-                    help="fabrics: spine counts (16 = 1:1, 8 = 2:1 with 16 ranks per leaf at equal link rates)")
+    ap.add_argument("--fabrics", type=csv(fabric_spec), default=tuple(fabric_spec(s) for s in FABRICS),
+                    help="fabrics and their placements, SPINESxCORE_GBPS[:placement+placement], comma-separated "
+                         f"(default {','.join(FABRICS)})")
+    ap.add_argument("--spines", type=csv(int), default=None,
+                    help="instead of --fabrics: these spine counts x --core-gbps x --placements")
     ap.add_argument("--access-gbps", type=float, default=100.0)
-    ap.add_argument("--core-gbps", type=float, default=100.0)
-    ap.add_argument("--placements", type=csv(str), default=("scattered", "packed"))
+    ap.add_argument("--core-gbps", type=float, default=100.0, help="core link rate with --spines")
+    ap.add_argument("--placements", type=csv(str), default=("scattered", "packed"), help="with --spines")
     ap.add_argument("--policies", type=csv(str), default=POLICIES)
     ap.add_argument("--k", type=int, default=4, help="paths per peer for k-even and maestro in the scale sweep")
     ap.add_argument("--ks", type=csv(int), default=KS, help="k values of the k sweep")
@@ -396,35 +427,39 @@ def main(argv=None) -> int:
     for p in args.policies:
         if p not in POLICIES:
             ap.error(f"unknown policy {p}; known: {', '.join(POLICIES)}")
+    fabrics = args.fabrics if args.spines is None else tuple((s, args.core_gbps, args.placements)
+                                                             for s in args.spines)
     start = time.time()
     big = max(args.ranks)
     data = {"lab": "none: a flow-level simulation (benchmarks/fabric_sim.py), validated against the lab's records",
             "seeds": args.seeds, "candidates": args.candidates, "k": args.k, "failure_spread": args.failure_spread,
-            "ranks_per_leaf": args.ranks_per_leaf, "access_gbps": args.access_gbps, "core_gbps": args.core_gbps,
+            "ranks_per_leaf": args.ranks_per_leaf, "access_gbps": args.access_gbps,
             "fabrics": [], "scale": [], "k_sweep": [], "failures": []}
-    for spines in args.spines:
-        data["fabrics"].append(fabric_dict(Fabric(big, args.ranks_per_leaf, spines, args.access_gbps, args.core_gbps)))
-        for placement in args.placements:
-            common = {"spines": spines, "placement": placement}
+    for spines, core, placements in fabrics:
+        data["fabrics"].append(dict(fabric_dict(Fabric(big, args.ranks_per_leaf, spines, args.access_gbps, core)),
+                                    placements=list(placements)))
+        for placement in placements:
+            common = {"spines": spines, "core_gbps": core, "placement": placement}
+            where = f"{spines} spines of {core:g} Gbit/s, {placement}"
             if "scale" in args.only:
                 for n in args.ranks:
-                    fab = Fabric(n, args.ranks_per_leaf, spines, args.access_gbps, args.core_gbps)
+                    fab = Fabric(n, args.ranks_per_leaf, spines, args.access_gbps, core)
                     rows = monte_carlo(fab, args.policies, ks=(args.k,), placement=placement, seeds=args.seeds,
                                        candidates=args.candidates)
                     data["scale"] += [dict(r, ranks=n, **common) for r in rows]
-                    print_rows(f"{spines} spines, {placement}, {n} ranks", rows, "policy")
-            fab = Fabric(big, args.ranks_per_leaf, spines, args.access_gbps, args.core_gbps)
+                    print_rows(f"{where}, {n} ranks", rows, "policy")
+            fab = Fabric(big, args.ranks_per_leaf, spines, args.access_gbps, core)
             if "k" in args.only:
                 rows = monte_carlo(fab, args.policies, ks=args.ks, placement=placement, seeds=args.seeds,
                                    candidates=args.candidates)
                 data["k_sweep"] += [dict(r, ranks=big, **common) for r in rows]
-                print_rows(f"{spines} spines, {placement}, {big} ranks, k sweep", rows, "k")
+                print_rows(f"{where}, {big} ranks, k sweep", rows, "k")
             if "failures" in args.only:
                 for failed in args.failed:
                     rows = monte_carlo(fab, args.policies, ks=(args.k,), failed=failed, placement=placement,
                                        spread=args.failure_spread, seeds=args.seeds, candidates=args.candidates)
                     data["failures"] += [dict(r, ranks=big, failed=failed, **common) for r in rows]
-                    print_rows(f"{spines} spines, {placement}, {big} ranks, {failed} failed", rows, "policy")
+                    print_rows(f"{where}, {big} ranks, {failed} failed", rows, "policy")
     if "validation" in args.only:
         data["validation"] = validate(args.seeds, args.candidates)
         for r in data["validation"]["rows"]:

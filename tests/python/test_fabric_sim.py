@@ -119,6 +119,46 @@ def test_maestro_with_discovery_fills_the_core_where_gloo_and_k_even_collide():
     assert 0.2 - 1e-9 <= fs.busbw(fab, trial, "k-even", k=4) <= 0.8 + 1e-9
 
 
+def test_slow_core_packed_one_flow_cannot_fill_the_nic():
+    # 2 leaves of 16 ranks, access 100, 16 spines of 25 (400G NICs on 100G
+    # links, scaled). Packed, the ring crosses the core twice (15 -> 16 and
+    # 31 -> 0), each crossing alone on its leaf's links. Spraying spreads it
+    # over 16 x 25 = 400, so the access link holds it to 100: ideal. Gloo's
+    # one flow gets one core link: 25 = 0.25 of ideal. Maestro's 4 paths on
+    # 4 distinct spines (discovery): 4 x 25 = 100, ideal. Failed links on
+    # leaf 0 leave 14 spines, still at least 4 distinct: nothing changes.
+    fab = fs.Fabric(ranks=32, ranks_per_leaf=16, spines=16, access_gbps=100, core_gbps=25)
+    for seed in range(5):
+        trial = fs.draw_trial(fab, seed, "packed", 0, "leaf0")
+        assert fs.busbw(fab, trial, "spray", seed=seed) == pytest.approx(100.0)
+        assert fs.busbw(fab, trial, "gloo", seed=seed) == pytest.approx(25.0)
+        assert fs.busbw(fab, trial, "maestro", k=4, seed=seed) == pytest.approx(100.0)
+        assert fs.busbw(fab, trial, "maestro", k=2, seed=seed) == pytest.approx(50.0)
+        broken = fs.draw_trial(fab, seed, "packed", 2, "leaf0")
+        assert fs.busbw(fab, broken, "maestro", k=4, seed=seed) == pytest.approx(100.0)
+        assert fs.busbw(fab, broken, "gloo", seed=seed) == pytest.approx(25.0)
+
+
+def test_slow_core_k_even_waits_for_the_flows_that_share_a_spine():
+    # One crossing pair, k-even k=4, each flow a quarter of the data, hashed
+    # onto spines 0, 0, 1, 2. Spines 1 and 2 carry theirs at 25 (done at
+    # 0.25 / 25 = 0.01); spine 0 splits 25 between two: 0.25 / 12.5 = 0.02.
+    # The pair finishes with its slowest flow: 1 / 0.02 = 50, half of ideal.
+    fab = fs.Fabric(ranks=2, ranks_per_leaf=1, spines=16, access_gbps=100, core_gbps=25)
+    links = np.array([[fab.up(0), fab.down(1), fab.leaf_up(0, sp), fab.spine_down(sp, 1)] for sp in (0, 0, 1, 2)])
+    t = fs.step_time(links, np.arange(4), np.full(4, 0.25), fab.capacity(), batch=0)
+    assert 1 / t == pytest.approx(50.0)
+    # Through the policy: every seed gives 100 / (most flows of a pair on one
+    # spine), and with 4 of 16 spines hashed per pair (distinct with
+    # probability 16.15.14.13 / 16^4 = 0.67) some seeds collide.
+    fab = fs.Fabric(ranks=32, ranks_per_leaf=16, spines=16, access_gbps=100, core_gbps=25)
+    got = [fs.busbw(fab, fs.draw_trial(fab, seed, "packed", 0, "leaf0"), "k-even", k=4, seed=seed)
+           for seed in range(20)]
+    for x in got:
+        assert min(abs(x - 100 / m) for m in (1, 2, 3, 4)) < 1e-6, x
+    assert min(got) <= 50.0 + 1e-9 and max(got) == pytest.approx(100.0)
+
+
 def test_the_lab_validation_is_within_ten_percent():
     v = fs.validate(seeds=5, candidates=8)
     assert {r["variant"] for r in v["rows"]} == {"gloo", "single", "adaptive"}
@@ -136,3 +176,10 @@ def test_cli_writes_a_record(tmp_path):
     assert rec["command"].startswith("python benchmarks/fabric_sim.py --ranks 16,32")
     assert {r["ranks"] for r in rec["data"]["scale"]} == {16, 32}
     assert {(r["policy"], r["k"]) for r in rec["data"]["k_sweep"]} >= {("maestro", 2), ("k-even", 1)}
+
+
+def test_fabric_specs_pick_core_rate_and_placements():
+    assert fs.fabric_spec("16x25:packed") == (16, 25.0, ("packed",))
+    assert fs.fabric_spec("8x100") == (8, 100.0, ("scattered", "packed"))
+    with pytest.raises(Exception):
+        fs.fabric_spec("8x100:random")
