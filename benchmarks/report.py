@@ -557,6 +557,7 @@ def update_readme(readme: str, recs: dict) -> None:
     text = open(readme).read()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme}: markers {BEGIN} / {END} not found")
+    recs = {k: r for k, r in recs.items() if k != "fabric_sim"}  # a simulation: not the lab's headline
     rows = headline(recs)
     commands = ", ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in recs.values()))
     dates = sorted({r["date"][:10] for r in recs.values()})
