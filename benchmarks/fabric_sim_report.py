@@ -62,25 +62,65 @@ def section(rec: dict, out: str):
                      "sim / measured", "within 10 %"],
                     [[r["variant"], f"{r['policy']} k={r['k']}", r["efficiency"], spread(r["sim_MBps"]),
                       r["measured_MBps"], f"{r['ratio']:.3f}", "yes" if r["within_10pct"] else "**no**"] for r in v["rows"]]))
-    fabrics = {fb["spines"]: fb for fb in d["fabrics"]}
     scale, ksw, fails = d["scale"], d["k_sweep"], d["failures"]
-    placements = list(dict.fromkeys(r["placement"] for r in scale + ksw + fails))
-    packed = [r for r in scale + ksw + fails if r["placement"] == "packed"]
-    if packed:
-        lo = min(r["fraction"]["min"] for r in packed)
-        parts.append(f"**Packed placement** (ranks leaf by leaf, ring in rank order): the ring crosses the core once "
+    access = d["access_gbps"]
+    fabrics = d["fabrics"]
+    fast = [r for r in scale + ksw + fails if r["placement"] == "packed" and r["core_gbps"] >= access]
+    slow = [fb for fb in fabrics if fb["core_gbps"] < access and "packed" in fb["placements"]]
+    cases = []
+    if fast:
+        lo = min(r["fraction"]["min"] for r in fast)
+        cases.append(f"**packed, fast core** (core links as fast as access links): the ring crosses the core once "
                      f"per leaf, so no two crossing flows share an uplink or a downlink and ECMP has nothing to "
-                     f"collide; with core links as fast as access links every policy is at ideal. Lowest fraction "
-                     f"of ideal over every packed run (all ranks, k, failures, seeds, policies): **{lo:.3f}**. The "
-                     f"tables below are for **scattered** placement (ranks on random hosts), where a leaf has up "
-                     f"to ranks-per-leaf crossing flows and the hash decides how they share its uplinks.")
-    for spines, fb in fabrics.items():
-        head = (f"{spines} spines, {d['ranks_per_leaf']} ranks per leaf, access {d['access_gbps']:g} Gbit/s, core "
-                f"{d['core_gbps']:g} Gbit/s: oversubscription {fb['oversubscription']:g}:1")
-        for placement in [p for p in placements if p != "packed"]:
-            sc = pick(scale, spines=spines, placement=placement)
-            ks = pick(ksw, spines=spines, placement=placement)
-            fl = pick(fails, spines=spines, placement=placement)
+                     f"collide, and one flow fills its NIC: every policy is at ideal, multipath has nothing to add "
+                     f"(lowest fraction of ideal over every such run, all ranks, k, failures, seeds and policies: "
+                     f"**{lo:.3f}**; no tables)")
+    if slow:
+        fb = slow[0]
+        ratio = fb["core_gbps"] / access
+        last = max(r["ranks"] for r in scale)
+        at = {(r["spines"], label(r)): r["fraction"]["median"] for r in pick(fails, placement="packed", failed=0)
+              if r["core_gbps"] < access}
+        k = d["k"]
+        probs = []
+        for f in slow:
+            distinct = 1.0
+            for i in range(k):
+                distinct *= (f["spines"] - i) / f["spines"]
+            probs.append(f"{1 - distinct:.0%} with {f['spines']} spines")
+        cases.append(
+            f"**packed, slow core** (each core link {ratio:g} of the access link: one flow cannot fill a NIC; "
+            f"the lab's case, 1 Gbit/s access over 200 Mbit/s spine links, at scale): 400 Gbit/s NICs on a fabric "
+            f"of 100 Gbit/s links, or 100G NICs on 25G uplinks, modelled as {access:g} and {fb['core_gbps']:g} "
+            f"(fractions of ideal depend only on the ratio). "
+            + " and ".join(f"{f['spines']} spines is {f['oversubscription']:g}:1" for f in slow)
+            + (" (1:1 as a 12.8 Tbit/s leaf splits: 16 x 400G down, 64 x 100G up)" if any(
+                f["oversubscription"] <= 1 for f in slow) else "")
+            + f". The crossing flows still share no core link, so the question is how many core links one peer's "
+            f"traffic spans: gloo's one flow gets {ratio:g} of ideal; maestro's {k} paths on distinct spines "
+            f"(discovery) fill the NIC; k-even's {k} hashed flows share a spine (in one pair) with probability "
+            + ", ".join(probs) + f", and the ring step waits for the slowest of the {last // d['ranks_per_leaf']} "
+            f"crossing pairs, so at {last:,} ranks some pair nearly always collides and k-even sits at 1/2 of ideal "
+            f"(two of a pair's flows on one spine) or 1/3 (three). Median at {last:,} ranks: "
+            + "; ".join(f"{f['spines']} spines: " + ", ".join(f"{s} {v:.2f}" for (sp, s), v in at.items()
+                                                              if sp == f["spines"]) for f in slow))
+    if any(p == "scattered" for fb in fabrics for p in fb["placements"]):
+        cases.append("**scattered** (ranks on random hosts, a fragmented cluster or a topology-blind scheduler): a "
+                     "leaf has up to ranks-per-leaf crossing flows and the ECMP hash decides how they share its "
+                     "uplinks: collisions, even with core links as fast as access links")
+    if cases:
+        parts.append("Three cases, each with busbw as a fraction of ideal (spraying, no failures, on the same fabric "
+                     "and placement):\n\n" + "\n".join(f"* {c}." for c in cases))
+    for fb in fabrics:
+        spines, core = fb["spines"], fb["core_gbps"]
+        head = (f"{spines} spines, {d['ranks_per_leaf']} ranks per leaf, access {access:g} Gbit/s, core "
+                f"{core:g} Gbit/s: oversubscription {fb['oversubscription']:g}:1")
+        for placement in fb["placements"]:
+            if placement == "packed" and core >= access:
+                continue  # at ideal throughout: summarised above
+            sc = pick(scale, spines=spines, core_gbps=core, placement=placement)
+            ks = pick(ksw, spines=spines, core_gbps=core, placement=placement)
+            fl = pick(fails, spines=spines, core_gbps=core, placement=placement)
             fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
             if sc:
                 ranks = sorted({r["ranks"] for r in sc})
@@ -124,9 +164,10 @@ def section(rec: dict, out: str):
             for ax, title in zip(axes, ("vs ranks", "vs k", "vs failed links")):
                 ax.set_ylabel("busbw / ideal")
                 ax.set_ylim(0, 1.05)
-                ax.set_title(f"{spines} spines ({fb['oversubscription']:g}:1), {placement}: {title}", fontsize=9)
+                ax.set_title(f"{spines} x {core:g}G spines ({fb['oversubscription']:g}:1), {placement}: {title}",
+                             fontsize=9)
                 ax.legend(fontsize=7)
-            parts.append(save(fig, out, f"fabric_sim_{spines}spines_{placement}"))
+            parts.append(save(fig, out, f"fabric_sim_{spines}x{core:g}_{placement}"))
     return ("Projection to 1,024 ranks: flow-level fabric simulator",
             "Ring allreduce on a two-tier leaf-spine fabric under ECMP, simulated at flow level "
             "(`benchmarks/fabric_sim.py`: max-min fair rates by water-filling, recomputed as flows finish; the "
