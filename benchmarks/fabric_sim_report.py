@@ -92,16 +92,20 @@ def section(rec: dict, out: str):
             f"**packed, slow core** (each core link {ratio:g} of the access link: one flow cannot fill a NIC; "
             f"the lab's case, 1 Gbit/s access over 200 Mbit/s spine links, at scale): 400 Gbit/s NICs on a fabric "
             f"of 100 Gbit/s links, or 100G NICs on 25G uplinks, modelled as {access:g} and {fb['core_gbps']:g} "
-            f"(fractions of ideal depend only on the ratio). "
-            + " and ".join(f"{f['spines']} spines is {f['oversubscription']:g}:1" for f in slow)
-            + (" (1:1 as a 12.8 Tbit/s leaf splits: 16 x 400G down, 64 x 100G up)" if any(
-                f["oversubscription"] <= 1 for f in slow) else "")
+            f"(fractions of ideal depend only on the ratio). In 400G terms, "
+            + "; ".join(f"{f['spines']} spines is a leaf with {d['ranks_per_leaf']} x {400:g}G down and "
+                           f"{f['spines']} x {400 * f['core_gbps'] / access:g}G up, {f['oversubscription']:g}:1"
+                           for f in slow)
+            + " (1:1 is a 12.8 Tbit/s switch split 16 x 400G + 64 x 100G, and each spine needs one 100G port per "
+            "leaf, 64 at 1,024 ranks)"
             + f". The crossing flows still share no core link, so the question is how many core links one peer's "
             f"traffic spans: gloo's one flow gets {ratio:g} of ideal; maestro's {k} paths on distinct spines "
             f"(discovery) fill the NIC; k-even's {k} hashed flows share a spine (in one pair) with probability "
             + ", ".join(probs) + f", and the ring step waits for the slowest of the {last // d['ranks_per_leaf']} "
             f"crossing pairs, so at {last:,} ranks some pair nearly always collides and k-even sits at 1/2 of ideal "
-            f"(two of a pair's flows on one spine) or 1/3 (three). Median at {last:,} ranks: "
+            f"(two of a pair's flows on one spine) or 1/3 (three). Failed links on rank 0's leaf change nothing: "
+            f"its remaining spines still give maestro {k} distinct paths and spraying more than the NIC. At 16 "
+            f"ranks (one leaf) nothing crosses the core. Median at {last:,} ranks: "
             + "; ".join(f"{f['spines']} spines: " + ", ".join(f"{s} {v:.2f}" for (sp, s), v in at.items()
                                                               if sp == f["spines"]) for f in slow))
     if any(p == "scattered" for fb in fabrics for p in fb["placements"]):
