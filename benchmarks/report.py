@@ -18,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+import fabric_sim_report  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MBYTE = 1e6
@@ -451,7 +453,8 @@ def sec_footprint(rec, out):
 SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
             "models": sec_models, "load_balance": sec_load_balance, "detection": sec_detection,
             "resiliency": sec_resiliency, "latency": sec_latency, "overheads": sec_overheads,
-            "discovery": sec_discovery, "hunting": sec_hunting, "footprint": sec_footprint}
+            "discovery": sec_discovery, "hunting": sec_hunting, "footprint": sec_footprint,
+            "fabric_sim": fabric_sim_report.section}
 
 
 # ---------------------------------------------------------------- sanity
@@ -620,6 +623,7 @@ def update_readme(readme: str, recs: dict) -> None:
     text = open(readme).read()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme}: markers {BEGIN} / {END} not found")
+    recs = {k: r for k, r in recs.items() if k != "fabric_sim"}  # a simulation: not the lab's headline
     rows = headline(recs)
     commands = ", ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in recs.values()))
     dates = sorted({r["date"][:10] for r in recs.values()})
