@@ -181,17 +181,20 @@ def train_on_lab(lab, model: str, variant: str, *, timeout: float) -> dict:
 
 def exp_models(ctx):
     out = {}
+    # --quick leaves single out here: on one path it is as slow as gloo
+    # (VGG19's sync takes 37 s), and the smoke run has a time budget.
+    peers = GLOO_PEERS if ctx.quick else PEERS
     with ctx.lab("mod", mode="pinned") as lab:
         for model in ("vgg19",) if ctx.quick else ("vgg19", "bert-large"):
             argv = ["models", "--model", model, "--iters", "1" if ctx.quick else "2",
-                    "--variants", ",".join(("adaptive",) + PEERS)]
+                    "--variants", ",".join(("adaptive",) + peers)]
             out[f"{model}/buckets"] = run_ranks(lab, argv + (["--no-warmup"] if ctx.quick else []), timeout=3000)
         if not ctx.no_ddp:
             # The training itself, benchmarks/train.py; --quick: ResNet-50
             # (25.6 M parameters, a fifth of VGG19's gradient bytes).
             for model in ("resnet50",) if ctx.quick else ("vgg19", "bert-large"):
                 runs = {v: train_on_lab(lab, model, v, timeout=900 if ctx.quick else 3000)
-                        for v in ("adaptive",) + PEERS}
+                        for v in ("adaptive",) + peers}
                 r0 = runs["gloo"]
                 out[f"{model}/ddp"] = {
                     "model": model, "parameters": r0["parameters"], "world": r0["world"], "buckets_only": False,
