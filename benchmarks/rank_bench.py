@@ -221,7 +221,7 @@ def cmd_barrier(args):
         b = timed(lambda: dist.barrier(group=g), g, args.iters)
         a = timed(lambda: dist.all_reduce(tiny, group=g), g, args.iters)
         row = {"variant": v, "barrier_s": statistics.median(b), "tiny_allreduce_s": statistics.median(a)}
-        if v != "gloo":
+        if v != "gloo" and gloo_device_count(v) is None:  # maestro: its paths' probe RTTs
             row["rtt_ms"] = [round(s["rtt_s"] * 1e3, 2) for s in maestro_torch.path_stats(g)]
         rows.append(row)
         log(f"  {v:12} barrier {row['barrier_s'] * 1e3:7.2f} ms  64-byte allreduce {row['tiny_allreduce_s'] * 1e3:7.2f} ms")
