@@ -15,12 +15,6 @@ Experiments (paper figure):
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: VGG19's sync, ResNet-50's training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
-
-The peers maestro is compared with wherever they apply (collectives, models,
-load_balance): gloo with one device (its default address), gloo-4dev (gloo
-with one device per vNIC address of the host: whole collectives go round
-robin over the devices; benchmarks/gloo_devices.py), and single (maestro
-itself on one path: per-flow parity with gloo).
     detection     Fig.12d  paths enabled one by one during training are picked up
     resiliency    Fig.12e  paths disabled one by one: throughput over time, results exact
     latency       Fig.12f  barrier time when paths differ in queueing delay
@@ -28,6 +22,12 @@ itself on one path: per-flow parity with gloo).
     discovery     §4.1     disjoint paths found under ECMP hashing (trials)
     footprint     -        threads, descriptors, memory, set-up per rank (2-32 ranks) and CPU s per GB
                            reduced, maestro vs gloo, on loopback (benchmarks/footprint.py)
+
+The peers maestro is compared with wherever they apply (collectives, models,
+load_balance): gloo with one device (its default address), gloo-4dev (gloo
+with one device per vNIC address of the host: whole collectives go round
+robin over the devices; benchmarks/gloo_devices.py), and single (maestro
+itself on one path: per-flow parity with gloo).
 """
 from __future__ import annotations
 
