@@ -4,8 +4,8 @@ one run. Every experiment writes one JSON file; benchmarks/report.py turns
 them into docs/results.md (tables, PNG plots, the command and the machine
 under each). Needs root (network namespaces).
 
-    scripts/bench.sh                      # everything (full mode, <= 45 min on 2 cores)
-    scripts/bench.sh --quick              # every experiment, small (<= 5 min): CI's smoke test
+    scripts/bench.sh                      # everything (full mode: 45 min on 2 cores before the peers; longer now)
+    scripts/bench.sh --quick              # every experiment, small: CI's smoke test (16 min on a busy 2-core machine)
     python benchmarks/suite.py --only p2p_paths,latency --out /tmp/results
 
 Experiments (paper figure):
@@ -312,7 +312,7 @@ def progress(i: int, n: int, name: str, start: float) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="every experiment, small: a smoke test (<= 5 min)")
+    ap.add_argument("--quick", action="store_true", help="every experiment, small: a smoke test")
     ap.add_argument("--only", help="comma-separated experiments (default: all)")
     ap.add_argument("--report", action="store_true",
                     help="then run benchmarks/report.py: into docs/, README.md and docs/performance.md for a full "
