@@ -6,7 +6,7 @@ generated markers), each with the commands and commits of its data. Every
 number comes from the JSON.
 
     python benchmarks/report.py [--data docs/results/data] [--out docs] [--readme README.md]
-                                [--performance docs/performance.md]
+                                [--performance OUT/performance.md]
 """
 from __future__ import annotations
 
@@ -801,9 +801,12 @@ def main() -> int:
     ap.add_argument("--data", default=os.path.join(ROOT, "docs", "results", "data"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"), help="results.md and results/*.png go here")
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="README to update ('' = none)")
-    ap.add_argument("--performance", default=os.path.join(ROOT, "docs", "performance.md"),
-                    help="performance notes whose generated tables to update ('' = none)")
+    ap.add_argument("--performance", help="performance notes whose generated tables to update (default: "
+                                           "OUT/performance.md where it exists, as docs/performance.md does; '' = none)")
     args = ap.parse_args()
+    if args.performance is None:  # a report into another folder leaves docs/performance.md alone
+        beside = os.path.join(args.out, "performance.md")
+        args.performance = beside if os.path.exists(beside) else ""
     return generate(args.data, args.out, args.readme, args.performance)
 
 

@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,3 +112,18 @@ def test_a_table_without_its_data_says_so(tmp_path):
     begin, end = report.markers("loopback")
     block = doc.read_text().split(begin)[1].split(end)[0]
     assert "No recorded data for this table yet (footprint missing" in block and "|" not in block, block
+
+
+def test_a_report_elsewhere_leaves_the_recorded_docs_alone(tmp_path):
+    """As the smoke test runs it: results into a scratch folder, no README;
+    docs/performance.md must stay as it is (it takes only recorded data)."""
+    docs = {name: open(os.path.join(ROOT, name)).read() for name in ("docs/performance.md", "README.md")}
+    data, out = tmp_path / "data", tmp_path / "report"
+    shutil.copytree(DATA, data)
+    (data / "footprint.json").unlink()  # data that would change the loopback table
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "report.py"), "--data", str(data),
+                          "--out", str(out), "--readme", ""], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (out / "results.md").exists() and not (out / "performance.md").exists()
+    for name, text in docs.items():
+        assert open(os.path.join(ROOT, name)).read() == text, f"{name} was rewritten"
