@@ -2,7 +2,6 @@
 each row and names it; records without the newer peers are reported as
 such; docs/performance.md's tables are the data's."""
 import copy
-import json
 import os
 import shutil
 import subprocess
