@@ -5,7 +5,7 @@ measures are process groups created together and timed alternately, so
 machine noise hits them alike. Rank 0 prints "READY" once groups are up and
 one "RESULT <json>" line at the end.
 
-    python benchmarks/rank_bench.py sweep --collective allreduce --sizes 4K,1M --variants gloo,adaptive
+    python benchmarks/rank_bench.py sweep --collective allreduce --sizes 4K,1M --variants gloo,gloo-4dev,adaptive,single
     python benchmarks/rank_bench.py p2p --size 64M --paths 1,2,4,8
     python benchmarks/rank_bench.py chunks --size 64M --chunks 12800,51200
     python benchmarks/rank_bench.py barrier --variants latency,round_robin
@@ -31,6 +31,7 @@ import torch.distributed as dist
 import maestro_torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gloo_devices  # noqa: E402
 from allreduce_bench import parse_size  # noqa: E402
 
 MAESTRO_POLICIES = ("adaptive", "round_robin", "weighted", "latency", "single")
@@ -49,12 +50,29 @@ def new_group(**kw):
     return dist.new_group(timeout=GROUP_TIMEOUT, **kw)
 
 
+def gloo_device_count(variant: str) -> int | None:
+    """"gloo-<n>dev" -> n (gloo with one device per vNIC address), else None."""
+    if variant.startswith("gloo-") and variant.endswith("dev") and variant[5:-3].isdigit():
+        return int(variant[5:-3])
+    return None
+
+
 def make_group(variant: str, extra: dict | None = None):
-    """A process group for `variant`: "gloo", or a maestro policy name (with
-    the given extra Options), optionally "+<tcp congestion control>", e.g.
-    "adaptive+cubic" (MAESTRO_TCP_CONGESTION for that group only)."""
+    """A process group for `variant`: "gloo" (one device: the default
+    interface's address), "gloo-<n>dev" (gloo with one device on each of the
+    rank's first n vNIC addresses, MAESTRO_VNICS: benchmarks/gloo_devices.py),
+    or a maestro policy name (with the given extra Options), optionally
+    "+<tcp congestion control>", e.g. "adaptive+cubic"
+    (MAESTRO_TCP_CONGESTION for that group only)."""
     if variant == "gloo":
         return new_group(backend="gloo")
+    devices = gloo_device_count(variant)
+    if devices is not None:
+        addrs = gloo_devices.parse("vnics")
+        if len(addrs) < devices:
+            raise SystemExit(f"variant {variant}: {devices} devices, but MAESTRO_VNICS has {len(addrs)} addresses")
+        gloo_devices.register()
+        return new_group(backend=gloo_devices.BACKEND, pg_options=gloo_devices.options(addrs[:devices]))
     policy, _, congestion = variant.partition("+")
     opts = dict(extra or {}, policy=policy)
     if congestion:
@@ -85,7 +103,7 @@ def timed(fn, group, iters: int) -> list[float]:
 def iterations_for(size: int, budget_s: float, est_Bps: float, hi: int = 20) -> int:
     # At least 3: the median of two samples is their mean, and one slow
     # iteration (a TCP loss recovery, a busy core) moved a 64 MiB figure by
-    # 5 %. At least 5 up to 64 MiB (the size issue 4 states its targets at):
+    # 5 %. At least 5 up to 64 MiB (the size the headline figures are stated at):
     # in pinned runs some 64 MiB iterations take 1.2 s instead of 1.08 s, and
     # the median of 3 gave 0.85 to 0.93 of the limit across four runs.
     # Above that, 3 (one iteration of gloo at 256 MiB takes 17 s).
@@ -203,7 +221,7 @@ def cmd_barrier(args):
         b = timed(lambda: dist.barrier(group=g), g, args.iters)
         a = timed(lambda: dist.all_reduce(tiny, group=g), g, args.iters)
         row = {"variant": v, "barrier_s": statistics.median(b), "tiny_allreduce_s": statistics.median(a)}
-        if v != "gloo":
+        if v != "gloo" and gloo_device_count(v) is None:  # maestro: its paths' probe RTTs
             row["rtt_ms"] = [round(s["rtt_s"] * 1e3, 2) for s in maestro_torch.path_stats(g)]
         rows.append(row)
         log(f"  {v:12} barrier {row['barrier_s'] * 1e3:7.2f} ms  64-byte allreduce {row['tiny_allreduce_s'] * 1e3:7.2f} ms")
@@ -312,13 +330,14 @@ def cmd_loop(args):
     """Allreduces for a while, every result checked exactly, with per-iteration
     times and path-state snapshots (failover, path detection, resiliency)."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    g = new_group(backend=args.backend) if args.backend == "gloo" else \
-        new_group(backend="maestro", pg_options=maestro_torch.Options(**maestro_extra(args)))
+    maestro = args.backend == "maestro"
+    g = new_group(backend="maestro", pg_options=maestro_torch.Options(**maestro_extra(args))) if maestro else \
+        make_group(args.backend)
     elems = parse_size(args.size) // 4
     base = torch.arange(elems, dtype=torch.int64) % 1000
     expected = (n * base + n * (n - 1) // 2).to(torch.float32)
     dist.barrier(group=g)
-    if args.backend != "gloo":
+    if maestro:
         # Each rank's outgoing core hop of every path (discovery), for
         # experiments that load the routes the paths took.
         routes = {}
@@ -335,7 +354,7 @@ def cmd_loop(args):
         t0 = time.time()
         dist.all_reduce(t, group=g)
         it = {"start": t0 - start, "seconds": time.time() - t0, "ok": bool(torch.equal(t, expected))}
-        if args.backend != "gloo":
+        if maestro:
             it["paths"] = [{k: s[k] for k in ("peer", "path", "state", "bytes_sent", "resent", "reconnects", "hunts",
                                               "route")}
                            for s in maestro_torch.path_stats(g)]
@@ -358,7 +377,8 @@ def main():
     p = sub.add_parser("sweep")
     p.add_argument("--collective", choices=["allreduce", "allgather"], default="allreduce")
     p.add_argument("--sizes", default="4K,64K,1M,16M")
-    p.add_argument("--variants", default="gloo," + ",".join(MAESTRO_POLICIES))
+    p.add_argument("--variants", default="gloo," + ",".join(MAESTRO_POLICIES),
+                   help="comma-separated: maestro policies (+congestion control), gloo, gloo-<n>dev")
     p.add_argument("--budget", type=float, default=2.0, help="seconds per size and variant")
     p.add_argument("--discovery", action="store_true", help="maestro groups use MAESTRO_DISCOVERY=ttl")
     p = sub.add_parser("p2p")
@@ -375,7 +395,8 @@ def main():
     p.add_argument("--settle", type=float, default=2.0)
     p = sub.add_parser("models")
     p.add_argument("--model", choices=["vgg19", "resnet50", "bert-large"], default="vgg19")
-    p.add_argument("--variants", default="adaptive,gloo")
+    p.add_argument("--variants", default="adaptive,gloo",
+                   help="comma-separated: maestro policies, gloo, gloo-<n>dev (one device per vNIC address)")
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--no-warmup", action="store_true", help="time the first sync too (registration on first use "
                                                               "included)")
@@ -388,7 +409,8 @@ def main():
     p.add_argument("--size", default="16M")
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--min-iters", type=int, default=1)
-    p.add_argument("--backend", default="maestro")
+    p.add_argument("--backend", default="maestro",
+                   help="maestro (its Options from the MAESTRO_* environment), gloo or gloo-<n>dev")
     p.add_argument("--discovery", action="store_true")
     args = ap.parse_args()
     # The world group does the bookkeeping (barriers, timing reductions);

@@ -1,9 +1,12 @@
 """Turn the suite's JSON (benchmarks/suite.py) into docs/results.md: a table
 and a PNG plot per experiment, with the command that produced it and the
-machine it ran on; and the headline table at the top of README.md (between
-its results markers). Every number comes from the JSON.
+machine it ran on; the headline table at the top of README.md (between its
+results markers); and the tables of docs/performance.md (between its
+generated markers), each with the commands and commits of its data. Every
+number comes from the JSON.
 
     python benchmarks/report.py [--data docs/results/data] [--out docs] [--readme README.md]
+                                [--performance OUT/performance.md]
 """
 from __future__ import annotations
 
@@ -23,6 +26,46 @@ import fabric_sim_report  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 MBYTE = 1e6
+# The peers of maestro in the collectives, models and load_balance
+# experiments (benchmarks/suite.py): gloo with one device, gloo with one
+# device per vNIC address, maestro on one path. Records made before the suite
+# measured them lack some; the report says which instead of showing numbers.
+GLOO_PEERS = ("gloo", "gloo-4dev")
+PEERS = GLOO_PEERS + ("single",)
+
+
+def is_gloo(variant: str) -> bool:
+    return variant == "gloo" or variant.startswith("gloo-")
+
+
+def best_gloo(values: dict, lower_is_better: bool = False) -> tuple[str, float] | None:
+    """(variant, value) of the best gloo configuration among `values`
+    ({variant: figure}, None = no figure), or None when no gloo variant has
+    one. Higher is better (bandwidth) unless lower_is_better (seconds)."""
+    figures = {v: x for v, x in values.items() if is_gloo(v) and x is not None}
+    if not figures:
+        return None
+    pick = (min if lower_is_better else max)(figures, key=figures.get)
+    return pick, figures[pick]
+
+
+def missing_peers(variants) -> list[str]:
+    return [p for p in PEERS if p not in variants]
+
+
+def not_measured(variants) -> str:
+    """A note naming the peers a record lacks ('' when it has them all)."""
+    missing = missing_peers(variants)
+    return (f"\n\n*Not measured in this record: {', '.join(missing)} (a run of the current suite adds "
+            f"{'it' if len(missing) == 1 else 'them'}).*" if missing else "")
+
+
+def gloo_cell(best: tuple[str, float] | None, variants, fmt: str) -> str:
+    """The headline's gloo column: the best gloo figure and which gloo it was,
+    and the gloo peers the record lacks."""
+    missing = [p for p in GLOO_PEERS if p not in variants]
+    text = f"{fmt.format(best[1])} ({best[0]})" if best else "not measured"
+    return text + (f"; {', '.join(missing)} not measured" if best and missing else "")
 
 
 def load(folder: str) -> dict:
@@ -122,27 +165,37 @@ def sec_collectives(rec, out):
         get = {(r["variant"], r["bytes"]): r for r in rows}
         fig, ax = plt.subplots(figsize=(6.5, 3.8))
         for v in variants:
-            ax.plot(sizes, [get[(v, s)]["busbw_GBps"] * 1e3 for s in sizes], "o-" if v != "gloo" else "s--", label=v)
+            ax.plot(sizes, [get[(v, s)]["busbw_GBps"] * 1e3 for s in sizes], "s--" if is_gloo(v) else "o-", label=v)
         ax.axhline(limit, color="red", ls=":", label="physical limit")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bytes")
         ax.set_ylabel("busbw (MB/s)")
         ax.set_title(key)
         ax.legend(fontsize=8)
-        hdr = ["size"] + [f"{v} busbw MB/s" for v in variants] + ["best maestro / gloo"]
+        hdr = (["size"] + [f"{v} busbw MB/s" for v in variants]
+               + ["best gloo", "best maestro policy / best gloo", "single / gloo"])
         trs = []
         for s in sizes:
-            g = get[("gloo", s)]["busbw_GBps"]
-            best = max(get[(v, s)]["busbw_GBps"] for v in variants if v != "gloo")
-            trs.append([f"{s / 1024:g} KiB" if s < 1 << 20 else f"{s >> 20} MiB"]
-                       + [get[(v, s)]["busbw_GBps"] * 1e3 for v in variants] + [best / g])
+            bw = {v: get[(v, s)]["busbw_GBps"] for v in variants}
+            g = best_gloo(bw)
+            best = max((x for v, x in bw.items() if not is_gloo(v) and v != "single"), default=None)
+            trs.append([size_label(s)] + [x * 1e3 for x in bw.values()]
+                       + [g[0] if g else "-", best / g[1] if g and best else "-",
+                          bw["single"] / bw["gloo"] if "single" in bw and "gloo" in bw else "-"])
         parts.append(f"**{key}** (ECMP mode: maestro groups use MAESTRO_DISCOVERY=ttl)\n\n" if key.startswith("ecmp")
                      else f"**{key}**\n\n")
-        parts[-1] += table(hdr, trs) + "\n\n" + save(fig, out, "collectives_" + key.replace("/", "_"))
+        parts[-1] += (table(hdr, trs) + not_measured(variants) + "\n\n"
+                      + save(fig, out, "collectives_" + key.replace("/", "_")))
     return ("Collectives vs gloo (paper Fig. 10)",
             f"nccl-tests busbw on 4 ranks (the ring crosses the core twice; physical limit {limit:.0f} MB/s = the "
             f"sum of the 4 core links one crossing uses, each {rec['data']['core_mbit']} Mbit/s), every load "
-            "balancing policy and gloo in the same processes.\n\n" + "\n\n".join(parts))
+            "balancing policy and the peers in the same processes: gloo (one device), gloo-4dev (one gloo device "
+            "per vNIC address; one collective still takes one device) and single (maestro on one path).\n\n"
+            + "\n\n".join(parts))
+
+
+def size_label(nbytes: int) -> str:
+    return f"{nbytes / 1024:g} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
 
 
 def sec_models(rec, out):
@@ -151,32 +204,35 @@ def sec_models(rec, out):
     for key, run in runs.items():
         model, mode = key.split("/")
         rows = {r["variant"]: r for r in run["rows"]}
-        g = rows.get("gloo")
         if mode == "buckets":
-            trs = [[v, r["sync_s"], (1 - r["sync_s"] / g["sync_s"]) * 100 if g and v != "gloo" else ""]
+            g = best_gloo({v: r["sync_s"] for v, r in rows.items()}, lower_is_better=True)
+            trs = [[v, r["sync_s"], (1 - r["sync_s"] / g[1]) * 100 if g and not is_gloo(v) else ""]
                    for v, r in rows.items()]
             parts.append(f"**{model}**, gradient buckets only ({run['parameters'] / 1e6:.1f} M parameters, "
                          f"{run['rows'][0]['buckets']} DDP buckets)\n\n"
-                         + table(["backend", "sync s / iteration", "% less than gloo"], trs))
+                         + table(["backend", "sync s / iteration", f"% less than {g[0] if g else 'gloo'} (best gloo)"],
+                                 trs) + not_measured(rows))
+            label = f"{model}\n(sync)"
             for v, r in rows.items():
-                vals.setdefault(v, []).append(r["sync_s"])
-            labels.append(f"{model}\n(sync)")
+                vals.setdefault(v, {})[label] = r["sync_s"]
+            labels.append(label)
         else:
             # New records: benchmarks/train.py's runs, exposed comm = backward's
             # wait for the gradient sync after its last gradient, measured in the
             # step. Older records (no exposed_comm_method) stored iteration -
             # compute there.
             measured = all("exposed_comm_method" in r for r in rows.values())
+            g = best_gloo({v: r["exposed_comm_s"] for v, r in rows.items()}, lower_is_better=True)
             trs = [[v, r["iteration_s"], r["compute_s"], max(0.0, r["iteration_s"] - r["compute_s"])]
                    + ([r["exposed_comm_s"], r["samples_per_s"]] if measured else [])
-                   + [(1 - r["exposed_comm_s"] / g["exposed_comm_s"]) * 100 if g and v != "gloo" and g["exposed_comm_s"]
-                      else ""]
+                   + [(1 - r["exposed_comm_s"] / g[1]) * 100 if g and g[1] and not is_gloo(v) else ""]
                    for v, r in rows.items()]
             what = "exposed comm" if measured else "iteration − compute"
             if measured:
                 r0 = run["rows"][0]
-                how = (f"4 ranks sharing 2 cores, batch {r0['batch']} per rank ({r0['input']}): `{run['command']}`, gloo with "
-                       "`--backend gloo`; "
+                how = (f"4 ranks sharing 2 cores, batch {r0['batch']} per rank ({r0['input']}): `{run['command']}`; "
+                       "gloo with `--backend gloo`, gloo-4dev with `--backend gloo --gloo-devices vnics`, single "
+                       "with `--policy single`; "
                        "exposed comm = backward's wait for the gradient sync after its last gradient, measured in "
                        "the step; compute = forward and backward under no_sync")
             else:
@@ -184,11 +240,13 @@ def sec_models(rec, out):
             parts.append(f"**{model}** under DDP ({how})\n\n"
                          + table(["backend", "iteration s", "compute s", "iteration − compute s"]
                                  + (["exposed comm s", "samples/s"] if measured else [])
-                                 + [f"% less {what} than gloo"], trs))
+                                 + [f"% less {what} than {g[0] if g else 'gloo'} (best gloo)"], trs)
+                         + not_measured(rows))
     fig, ax = plt.subplots(figsize=(6, 3.4))
     width = 0.8 / max(1, len(vals))
     for i, (v, ys) in enumerate(vals.items()):
-        ax.bar([x + i * width for x in range(len(ys))], ys, width, label=v)
+        xs = [x for x, label in enumerate(labels) if label in ys]
+        ax.bar([x + i * width for x in xs], [ys[labels[x]] for x in xs], width, label=v)
     ax.set_xticks([x + width * (len(vals) - 1) / 2 for x in range(len(labels))], labels)
     ax.set_ylabel("seconds per iteration")
     ax.legend()
@@ -207,15 +265,18 @@ def sec_load_balance(rec, out):
     residual = d["residual_mbit"]
     share_res = [r / sum(residual) for r in residual]
     trs, shares = [], {}
+    bws = load_balance_busbw(d)
     for policy, run in d["runs"].items():
-        it = run["ranks"][1][1:]  # rank 1 writes to rank 2 across the loaded spines
-        b = path_bytes(run["ranks"][1], 2)
-        tot = sum(b.values()) or 1
-        shares[policy] = [b[p] / tot for p in sorted(b)]
-        bw = statistics.median(busbw_of_iter(x, run["bytes"], run["world"]) for x in it)
-        trs.append([policy, bw, bw / (sum(residual) / 8), *[f"{s:.2f}" for s in shares[policy]]])
+        if "paths" in run["ranks"][1][0]:  # maestro: rank 1 writes to rank 2 across the loaded spines
+            b = path_bytes(run["ranks"][1], 2)
+            tot = sum(b.values()) or 1
+            shares[policy] = [b[p] / tot for p in sorted(b)]
+        cells = [f"{s:.2f}" for s in shares[policy]] if policy in shares else ["-"] * 4  # gloo: no per-path counts
+        bw = bws.get(policy)
+        trs.append([policy, bw if bw else "-", bw / (sum(residual) / 8) if bw else "-", *cells])
     ad = next((r for r in trs if r[0] == "adaptive"), None)
     rr = next((r for r in trs if r[0] == "round_robin"), None)
+    g = best_gloo(bws)
     fig, ax = plt.subplots(figsize=(6, 3.4))
     width = 0.8 / (len(shares) + 1)
     ax.bar([s - 0.4 + width / 2 for s in range(4)], share_res, width, label="residual capacity", color="black")
@@ -226,15 +287,23 @@ def sec_load_balance(rec, out):
     ax.legend(fontsize=8)
     note = ""
     if ad and rr:
-        note = (f"adaptive reaches **{ad[2]:.2f} x the residual capacity** and **{ad[1] / rr[1]:.2f} x round_robin**. ")
+        note = (f"adaptive reaches **{ad[2]:.2f} x the residual capacity** and **{ad[1] / rr[1]:.2f} x round_robin**"
+                + (f", **{ad[1] / g[1]:.2f} x {g[0]}** (the best gloo). " if g else ". "))
     return ("Load balance under background traffic (paper Fig. 12c)",
             f"Allreduces of {next(iter(d['runs'].values()))['bytes'] >> 20} MiB in a loop; UDP background at "
             f"{', '.join(f'{m} Mbit/s on spine {s}' for s, m in d['background_mbit'].items())} "
             f"(h1 to h3); the ring's 1-to-2 crossing shares those links. Residual capacity "
             f"{sum(residual)} Mbit/s = {sum(residual) / 8:.1f} MB/s. {note}\n\n"
-            + table(["policy", "busbw MB/s", "x residual", *[f"spine {s} share" for s in range(4)]],
+            + table(["variant", "busbw MB/s", "x residual", *[f"spine {s} share" for s in range(4)]],
                     trs + [["residual capacity", sum(residual) / 8, 1.0, *[f"{s:.2f}" for s in share_res]]])
-            + "\n\n" + save(fig, out, "load_balance"))
+            + not_measured(d["runs"]) + "\n\n" + save(fig, out, "load_balance"))
+
+
+def load_balance_busbw(d: dict) -> dict:
+    """{variant: median busbw MB/s of rank 1's iterations after the first};
+    a variant with no iteration after the first has none (sanity() says so)."""
+    return {v: statistics.median(busbw_of_iter(x, run["bytes"], run["world"]) for x in run["ranks"][1][1:])
+            for v, run in d["runs"].items() if run["ranks"][1][1:]}
 
 
 def timeline(rec, out, name, title, text):
@@ -425,15 +494,6 @@ def sec_footprint(rec, out):
         ax.set_xlabel("ranks")
         ax.set_ylabel(label)
         ax.legend()
-    cpu_rows = []
-    for run in rec["data"]["cpu"]["runs"]:
-        med = {b: {k: statistics.median(r[k] for r in run["backends"][b]) for k in ("busbw_GBps", "cpu_s_per_GB")}
-               for b in ("maestro", "gloo")}
-        bw = {b: [r["busbw_GBps"] for r in run["backends"][b]] for b in ("maestro", "gloo")}
-        cpu_rows.append([run["world"], f"{med['maestro']['busbw_GBps']:.2f} ({min(bw['maestro']):.2f}-{max(bw['maestro']):.2f})",
-                         f"{med['gloo']['busbw_GBps']:.2f} ({min(bw['gloo']):.2f}-{max(bw['gloo']):.2f})",
-                         f"**{med['maestro']['busbw_GBps'] / med['gloo']['busbw_GBps']:.2f}x**",
-                         med["maestro"]["cpu_s_per_GB"], med["gloo"]["cpu_s_per_GB"]])
     size = rec["data"]["cpu"]["runs"][0]["bytes"] >> 20 if rec["data"]["cpu"]["runs"] else 0
     return ("Footprint and CPU cost per rank (loopback)",
             f"Per rank, after one small allreduce in a fresh group: threads, open file descriptors, resident "
@@ -445,9 +505,23 @@ def sec_footprint(rec, out):
             + f"\n\nAllreduce of {size} MiB on this host (maestro's defaults: 4 loopback paths), both groups in the "
               f"same processes, timed alternately: busbw median (min-max) over the rounds, and CPU seconds (user + "
               f"system, every thread of every rank) per GB of tensor reduced.\n\n"
-            + table(["ranks", "maestro busbw GB/s", "gloo busbw GB/s", "maestro vs gloo", "maestro CPU s/GB",
-                     "gloo CPU s/GB"], cpu_rows)
-            + "\n\n" + save(fig, out, "footprint"))
+            + footprint_cpu_table(rec) + "\n\n" + save(fig, out, "footprint"))
+
+
+def footprint_cpu_table(rec: dict) -> str:
+    """The loopback allreduce of the footprint experiment: busbw and CPU per GB
+    reduced, maestro vs gloo, per world size."""
+    rows = []
+    for run in rec["data"]["cpu"]["runs"]:
+        med = {b: {k: statistics.median(r[k] for r in run["backends"][b]) for k in ("busbw_GBps", "cpu_s_per_GB")}
+               for b in ("maestro", "gloo")}
+        bw = {b: [r["busbw_GBps"] for r in run["backends"][b]] for b in ("maestro", "gloo")}
+        rows.append([run["world"], f"{med['maestro']['busbw_GBps']:.2f} ({min(bw['maestro']):.2f}-{max(bw['maestro']):.2f})",
+                     f"{med['gloo']['busbw_GBps']:.2f} ({min(bw['gloo']):.2f}-{max(bw['gloo']):.2f})",
+                     f"**{med['maestro']['busbw_GBps'] / med['gloo']['busbw_GBps']:.2f}x**",
+                     med["maestro"]["cpu_s_per_GB"], med["gloo"]["cpu_s_per_GB"]])
+    return table(["ranks", "maestro busbw GB/s", "gloo busbw GB/s", "maestro vs gloo", "maestro CPU s/GB",
+                  "gloo CPU s/GB"], rows)
 
 
 SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
@@ -455,6 +529,154 @@ SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectiv
             "resiliency": sec_resiliency, "latency": sec_latency, "overheads": sec_overheads,
             "discovery": sec_discovery, "hunting": sec_hunting, "footprint": sec_footprint,
             "fabric_sim": fabric_sim_report.section}
+
+
+# ---------------------------------------------------------------- docs/performance.md
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
+
+
+def provenance_line(recs: dict, names: list[str]) -> str:
+    """The commands, commits and dates of the records `names`, one entry per
+    run, each with its data files."""
+    runs = {}
+    for n in names:
+        r = recs[n]
+        runs.setdefault((r["command"], r["machine"]["maestro_commit"], r["date"][:10]), []).append(n)
+    return "*From " + "; ".join(
+        f"`{cmd}` at maestro {commit}, {date} ({', '.join(f'`results/data/{n}.json`' for n in files)})"
+        for (cmd, commit, date), files in runs.items()) + ".*"
+
+
+def recorded(recs: dict, name: str) -> dict:
+    rec = recs.get(name)
+    if rec is None or rec["status"] != "ok":
+        raise LookupError(name)
+    return rec
+
+
+def allreduce_busbw(run: dict, size: int) -> dict:
+    """{variant: busbw MB/s} of a sweep at one size."""
+    return {r["variant"]: r["busbw_GBps"] * 1e3 for r in run["rows"] if r["bytes"] == size}
+
+
+def cut_iterations(d: dict) -> list[float]:
+    """Seconds of the iteration (rank 0's) each link event fell into, or the
+    next one when it fell between two."""
+    its = d["iters"]
+    return [next(it["seconds"] for it in its if e["t"] < it["start"] + it["seconds"]) for e in d["events"]]
+
+
+def first_use_after_up(d: dict) -> list[float]:
+    """For each "spine s up" event: seconds from it to the end of the first
+    iteration in which rank 1's path s to rank 2 (alias s, pinned to spine s)
+    carried bytes."""
+    its = d["ranks"][1]
+    sent = [{p["path"]: p["bytes_sent"] for p in it["paths"] if p["peer"] == 2} for it in its]
+    out = []
+    for e in d["events"]:
+        s = int(e["event"].split()[1])
+        out.append(next(it["start"] + it["seconds"] - e["t"] for i, it in enumerate(its)
+                        if i and sent[i][s] > sent[i - 1][s] and it["start"] + it["seconds"] >= e["t"]))
+    return out
+
+
+def perf_loopback(recs: dict) -> tuple[str, list[str]]:
+    return footprint_cpu_table(recorded(recs, "footprint")), ["footprint"]
+
+
+def perf_targets(recs: dict) -> tuple[str, list[str]]:
+    rows, used = [], []
+    col = recs.get("collectives")
+    if col and col["status"] == "ok":
+        used.append("collectives")
+        limit = col["data"]["physical_limit_GBps"] * 1e3
+        for mode, target in (("pinned", ">= 0.90 x limit, >= 3.5x gloo"), ("ecmp", ">= 0.85 x limit")):
+            bw = allreduce_busbw(col["data"]["runs"][f"{mode}/allreduce"], 64 << 20)
+            g = best_gloo(bw)
+            cells = [f"{v}: {bw[v]:.1f} MB/s = {bw[v] / limit:.2f} x limit"
+                     + (f", **{bw[v] / g[1]:.2f}x** the best gloo" if g else "")
+                     for v in ("adaptive", "adaptive+cubic") if v in bw]
+            rows.append([f"{mode}{' + discovery' if mode == 'ecmp' else ''}, 64 MiB allreduce busbw",
+                         "; ".join(cells + [f"best gloo {gloo_cell(g, bw, '{:.1f} MB/s')}"]), target])
+    dis = recs.get("discovery")
+    if dis and dis["status"] == "ok":
+        used.append("discovery")
+        trials = dis["data"]["trials"]
+        crossing = [t for rank in (1, 3) for t in trials[rank]]  # ranks whose right neighbour is across the core
+        good = sum(1 for t in crossing if len({h for h in t["hops_to_right"] if h}) == 4)
+        setup = statistics.median(t["setup_s"] for r in trials for t in r)
+        rows.append(["discovery: distinct spines per crossing",
+                     f"{good} of {len(crossing)} trials ({100 * good / max(1, len(crossing)):.0f} %), median group "
+                     f"set-up {setup:.1f} s", ">= 95 % of trials"])
+    lb = recs.get("load_balance")
+    if lb and lb["status"] == "ok":
+        used.append("load_balance")
+        d = lb["data"]
+        bws, res = load_balance_busbw(d), sum(d["residual_mbit"]) / 8
+        bg = "/".join(str(m) for m in d["background_mbit"].values())
+        cell = f"adaptive {bws['adaptive']:.1f} MB/s = {bws['adaptive'] / res:.2f} x residual ({res:.1f} MB/s)"
+        if "round_robin" in bws:
+            cell += f"; round_robin {bws['round_robin']:.1f}: **{bws['adaptive'] / bws['round_robin']:.2f}x**"
+        cell += f"; best gloo {gloo_cell(best_gloo(bws), bws, '{:.1f} MB/s')}"
+        rows.append([f"UDP background {bg} Mbit/s on spines {', '.join(d['background_mbit'])}, 64 MiB", cell,
+                     ">= 0.90 x residual, >= 1.5x round_robin"])
+    cut, det = recs.get("resiliency"), recs.get("detection")
+    if cut and cut["status"] == "ok" and det and det["status"] == "ok":
+        used += ["resiliency", "detection"]
+        d = cut["data"]
+        exact = all(it["ok"] for r in d["ranks"] + det["data"]["ranks"] for it in r)
+        hit = cut_iterations(d)
+        fastest = min(it["seconds"] for it in d["iters"] if it["start"] + it["seconds"] < d["events"][0]["t"])
+        back = first_use_after_up(det["data"])
+        rows.append([f"spine link cut mid-allreduce ({d['bytes'] >> 20} MiB loop)",
+                     f"every result exact: {'yes' if exact else '**no**'}; the iterations hit by a cut take {min(hit):.2f}-{max(hit):.2f} s "
+                     f"(MAESTRO_PATH_TIMEOUT=1) vs {fastest:.2f} s with every path up; a restored link's path carries "
+                     f"data in an iteration that ends {min(back):.2f}-{max(back):.2f} s after the link is up",
+                     "correct, no hang, time reported"])
+    if not rows:
+        raise LookupError("collectives, discovery, load_balance, resiliency and detection")
+    return table(["criterion", "measured", "target"], rows), used
+
+
+def perf_congestion(recs: dict) -> tuple[str, list[str]]:
+    """adaptive under the kernel's congestion control (bbr here) and
+    adaptive+cubic, per size from 4 MiB: each one's spread of iterations."""
+    runs = recorded(recs, "collectives")["data"]["runs"]
+    rows = []
+    for mode in ("pinned", "ecmp"):
+        run = runs[f"{mode}/allreduce"]
+        get = {(r["variant"], r["bytes"]): r for r in run["rows"]}
+        for size in sorted({r["bytes"] for r in run["rows"] if r["bytes"] >= 4 << 20}):
+            pair = [get.get((v, size)) for v in ("adaptive", "adaptive+cubic")]
+            if None in pair:
+                continue
+            rows.append([f"{mode} {size_label(size)} ({pair[0]['iters']})"]
+                        + [f"{min(r['times']):.3f}-{max(r['times']):.3f}, busbw {r['busbw_GBps'] * 1e3:.1f} MB/s"
+                           for r in pair])
+    return table(["allreduce (iterations)", "adaptive (kernel default) iterations, s",
+                  "adaptive+cubic iterations, s"], rows), ["collectives"]
+
+
+PERFORMANCE_TABLES = {"loopback": perf_loopback, "targets": perf_targets, "congestion": perf_congestion}
+
+
+def update_performance(path: str, recs: dict) -> None:
+    """Fill every generated block of docs/performance.md from the records."""
+    text = open(path).read()
+    for name, fn in PERFORMANCE_TABLES.items():
+        begin, end = markers(name)
+        if begin not in text or end not in text:
+            raise SystemExit(f"{path}: markers {begin} / {end} not found")
+        try:
+            body, used = fn(recs)
+            body += "\n\n" + provenance_line(recs, used)
+        except LookupError as e:
+            body = f"*No recorded data for this table yet ({e} missing in results/data/).*"
+        start, stop = text.index(begin) + len(begin), text.index(end)
+        text = text[:start] + "\n" + body + "\n" + text[stop:]
+    open(path, "w").write(text)
 
 
 # ---------------------------------------------------------------- sanity
@@ -491,7 +713,8 @@ def sanity(recs: dict) -> list[str]:
                 for key, run in d["runs"].items():
                     for r in run["rows"]:
                         positive(name, f"{key} {r['variant']} seconds", r.get("sync_s", r.get("iteration_s")))
-                        if r.get("path_bytes_sent") is not None:  # benchmarks/train.py on maestro
+                        # benchmarks/train.py on maestro; single uses path 0 only
+                        if r.get("path_bytes_sent") is not None and r["variant"] != "single":
                             positive(name, f"{key} {r['variant']} bytes on its least used path",
                                      min(r["path_bytes_sent"]))
             elif name == "load_balance":
@@ -555,6 +778,8 @@ def sanity(recs: dict) -> list[str]:
 # ---------------------------------------------------------------- headline
 
 def headline(recs: dict) -> list[list]:
+    """The README's rows: maestro (the default policy) against the best gloo
+    configuration measured for that row, named."""
     rows = []
     col = recs.get("collectives")
     if col and col["status"] == "ok":
@@ -564,37 +789,42 @@ def headline(recs: dict) -> list[list]:
             if not run:
                 continue
             sizes = {r["bytes"] for r in run["rows"]}
-            size = 64 << 20 if 64 << 20 in sizes else max(sizes)  # 64 MiB: the size issue 4 is judged at
-            get = {r["variant"]: r for r in run["rows"] if r["bytes"] == size}
-            g = get["gloo"]["busbw_GBps"] * 1e3
+            size = 64 << 20 if 64 << 20 in sizes else max(sizes)  # 64 MiB: the headline size
+            get = {r["variant"]: r["busbw_GBps"] * 1e3 for r in run["rows"] if r["bytes"] == size}
+            g = best_gloo(get)
             for variant, how in (("adaptive", ""), ("adaptive+cubic", ", MAESTRO_TCP_CONGESTION=cubic")):
                 if variant not in get:
                     continue
-                m = get[variant]["busbw_GBps"] * 1e3
+                m = get[variant]
                 rows.append([f"allreduce {size >> 20} MiB busbw, {mode}" + (" + discovery" if mode == "ecmp" else "") + how,
-                             f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", f"{g:.0f} MB/s", f"**{m / g:.2f}x**",
-                             "≥ 2x on collectives"])
+                             f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", gloo_cell(g, get, "{:.0f} MB/s"),
+                             f"**{m / g[1]:.2f}x**" if g else "-", "≥ 2x on collectives"])
     mod = recs.get("models")
     if mod and mod["status"] == "ok":
         for key, run in mod["data"]["runs"].items():
-            r = {x["variant"]: x for x in run["rows"]}
-            if "gloo" not in r or "adaptive" not in r:
-                continue
             field = "sync_s" if key.endswith("buckets") else "exposed_comm_s"
-            m, g = r["adaptive"][field], r["gloo"][field]
+            r = {x["variant"]: x[field] for x in run["rows"]}
+            g = best_gloo(r, lower_is_better=True)
+            if "adaptive" not in r or not g:
+                continue
+            m = r["adaptive"]
             what = "gradient sync" if key.endswith("buckets") else "exposed comm (DDP)"
-            rows.append([f"{key.split('/')[0]} {what} per iteration", f"{m:.2f} s", f"{g:.2f} s",
-                         f"**{(1 - m / g) * 100:.0f} % less**", "up to 66.7 % less transport time"])
+            rows.append([f"{key.split('/')[0]} {what} per iteration", f"{m:.2f} s", gloo_cell(g, r, "{:.2f} s"),
+                         f"**{(1 - m / g[1]) * 100:.0f} % less**", "up to 66.7 % less transport time"])
     lb = recs.get("load_balance")
     if lb and lb["status"] == "ok":
-        d = lb["data"]
-        bws = {p: statistics.median(busbw_of_iter(x, run["bytes"], run["world"]) for x in run["ranks"][1][1:])
-               for p, run in d["runs"].items()}
-        if "adaptive" in bws and "round_robin" in bws:
-            rows.append(["allreduce busbw with background on 3 spines", f"{bws['adaptive']:.0f} MB/s (adaptive)",
-                         f"{bws['round_robin']:.0f} MB/s (round_robin)", f"**{bws['adaptive'] / bws['round_robin']:.2f}x**",
-                         "load follows residual capacity"])
+        bws = load_balance_busbw(lb["data"])
+        g = best_gloo(bws)
+        if "adaptive" in bws:
+            m = f"{bws['adaptive']:.0f} MB/s (adaptive)"
+            if "round_robin" in bws:
+                m += f"; {bws['adaptive'] / bws['round_robin']:.2f}x round_robin"
+            rows.append(["allreduce busbw with background on 3 spines", m, gloo_cell(g, bws, "{:.0f} MB/s"),
+                         f"**{bws['adaptive'] / g[1]:.2f}x**" if g else "-", "load follows residual capacity"])
     return rows
+
+
+HEADLINE = ["maestro", "best gloo (which)", "maestro vs best gloo", "paper's claim"]
 
 
 def render(recs: dict, out: str) -> str:
@@ -605,7 +835,9 @@ def render(recs: dict, out: str) -> str:
           "network of `scripts/netlab.py` (4 hosts on 2 leaves, 4 spines unless said otherwise, core links "
           "200 Mbit/s, access links 1 Gbit/s, one rank per host, each rank's vNICs = its host's aliases).", ""]
     if head:
-        md += ["## Headline", "", table(["measure", "maestro", "gloo", "maestro vs gloo", "paper's claim"], head), ""]
+        md += ["## Headline", "", "Maestro's default policy against the best gloo configuration measured for each "
+               "row (gloo with one device, or gloo-4dev: one device per vNIC address), named beside its figure.", "",
+               table(["measure"] + HEADLINE, head), ""]
     for name, fn in SECTIONS.items():
         rec = recs.get(name)
         if rec is None:
@@ -627,8 +859,7 @@ def update_readme(readme: str, recs: dict) -> None:
     rows = headline(recs)
     commands = ", ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in recs.values()))
     dates = sorted({r["date"][:10] for r in recs.values()})
-    block = (f"{BEGIN}\n" + table(["measure (namespace leaf-spine lab, 4 ranks)", "maestro", "gloo", "maestro vs gloo",
-                                    "paper's claim"], rows)
+    block = (f"{BEGIN}\n" + table(["measure (namespace leaf-spine lab, 4 ranks)"] + HEADLINE, rows)
              + f"\n\nFrom {commands} on {dates[0] if dates[0] == dates[-1] else dates[0] + ' to ' + dates[-1]}; "
                f"details, plots and commands in [docs/results.md](docs/results.md).\n{END}")
     start, end = text.index(BEGIN), text.index(END) + len(END)
@@ -640,13 +871,18 @@ def main() -> int:
     ap.add_argument("--data", default=os.path.join(ROOT, "docs", "results", "data"))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"), help="results.md and results/*.png go here")
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="README to update ('' = none)")
+    ap.add_argument("--performance", help="performance notes whose generated tables to update (default: "
+                                           "OUT/performance.md where it exists, as docs/performance.md does; '' = none)")
     args = ap.parse_args()
-    return generate(args.data, args.out, args.readme)
+    if args.performance is None:  # a report into another folder leaves docs/performance.md alone
+        beside = os.path.join(args.out, "performance.md")
+        args.performance = beside if os.path.exists(beside) else ""
+    return generate(args.data, args.out, args.readme, args.performance)
 
 
-def generate(data: str, out: str, readme: str) -> int:
+def generate(data: str, out: str, readme: str, performance: str = "") -> int:
     """results.md and plots under `out` from the JSON in `data`; the headline
-    into `readme` unless it is ''."""
+    into `readme` and the tables of `performance` unless they are ''."""
     recs = load(data)
     if not recs:
         print(f"no results in {data}", file=sys.stderr)
@@ -659,6 +895,8 @@ def generate(data: str, out: str, readme: str) -> int:
         f.write(md)
     if readme:
         update_readme(readme, recs)
+    if performance:
+        update_performance(performance, recs)
     print(f"wrote {os.path.join(out, 'results.md')} ({len(recs)} experiments)")
     return 0
 

@@ -4,8 +4,8 @@ one run. Every experiment writes one JSON file; benchmarks/report.py turns
 them into docs/results.md (tables, PNG plots, the command and the machine
 under each). Needs root (network namespaces).
 
-    scripts/bench.sh                      # everything (full mode, <= 45 min on 2 cores)
-    scripts/bench.sh --quick              # every experiment, small (<= 5 min): CI's smoke test
+    scripts/bench.sh                      # everything (full mode: 45 min on 2 cores before the peers; longer now)
+    scripts/bench.sh --quick              # every experiment, small: CI's smoke test (8-16 min on a shared 2-core machine)
     python benchmarks/suite.py --only p2p_paths,latency --out /tmp/results
 
 Experiments (paper figure):
@@ -14,7 +14,7 @@ Experiments (paper figure):
     collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: VGG19's sync, ResNet-50's training)
-    load_balance  Fig.12c  per-path share under background traffic vs residual capacity
+    load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
     detection     Fig.12d  paths enabled one by one during training are picked up
     resiliency    Fig.12e  paths disabled one by one: throughput over time, results exact
     latency       Fig.12f  barrier time when paths differ in queueing delay
@@ -24,6 +24,12 @@ Experiments (paper figure):
                            set-up (CAVER's path hunting), maestro with and without hunting vs unloaded
     footprint     -        threads, descriptors, memory, set-up per rank (2-32 ranks) and CPU s per GB
                            reduced, maestro vs gloo, on loopback (benchmarks/footprint.py)
+
+The peers maestro is compared with wherever they apply (collectives, models,
+load_balance): gloo with one device (its default address), gloo-4dev (gloo
+with one device per vNIC address of the host: whole collectives go round
+robin over the devices; benchmarks/gloo_devices.py), and single (maestro
+itself on one path: per-flow parity with gloo).
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ import netlab  # noqa: E402
 RANK = "benchmarks/rank_bench.py"
 TRAIN = "benchmarks/train.py"
 CORE, ACCESS = 200, 1000  # Mbit/s: core links slower than access links, as in the paper's setup
+GLOO_PEERS = ("gloo", "gloo-4dev")  # the 4 lab aliases of each host (MAESTRO_VNICS), one gloo device each
+PEERS = GLOO_PEERS + ("single",)    # and maestro on path 0 only
 
 
 class Ctx:
@@ -124,7 +132,8 @@ def exp_collectives(ctx):
     # adaptive+cubic: the default policy with MAESTRO_TCP_CONGESTION=cubic, beside
     # the kernel's default congestion control (bbr on the machine of record:
     # see docs/performance.md, "TCP congestion control").
-    variants = "gloo,adaptive,single" if ctx.quick else "gloo,adaptive,adaptive+cubic,round_robin,weighted,latency,single"
+    policies = ("adaptive",) if ctx.quick else ("adaptive", "adaptive+cubic", "round_robin", "weighted", "latency")
+    variants = ",".join(GLOO_PEERS + policies + ("single",))
     runs = {}
     for mode in ("pinned", "ecmp"):
         with ctx.lab("col" + mode[0], mode=mode) as lab:
@@ -145,7 +154,12 @@ def train_on_lab(lab, model: str, variant: str, *, timeout: float) -> dict:
     warm-up step, 1 timed step and 1 compute-only step (no gradient sync), a
     batch of 2 small inputs per rank (4 ranks share 2 cores). Returns its
     --json result."""
-    backend = ["--backend", "gloo"] if variant == "gloo" else ["--backend", "maestro", "--policy", variant]
+    if variant == "gloo":
+        backend = ["--backend", "gloo"]
+    elif variant == "gloo-4dev":  # one device per address of MAESTRO_VNICS (the host's 4 aliases)
+        backend = ["--backend", "gloo", "--gloo-devices", "vnics"]
+    else:
+        backend = ["--backend", "maestro", "--policy", variant]
     fd, path = tempfile.mkstemp(prefix=f"train-{model}-", suffix=".json")
     os.close(fd)
     argv = [TRAIN, "--model", model, *backend, "--steps", "2", "--warmup", "1", "--compute-steps", "1",
@@ -170,15 +184,20 @@ def train_on_lab(lab, model: str, variant: str, *, timeout: float) -> dict:
 
 def exp_models(ctx):
     out = {}
+    # --quick leaves single out here: on one path it is as slow as gloo
+    # (VGG19's sync takes 37 s), and the smoke run has a time budget.
+    peers = GLOO_PEERS if ctx.quick else PEERS
     with ctx.lab("mod", mode="pinned") as lab:
         for model in ("vgg19",) if ctx.quick else ("vgg19", "bert-large"):
-            argv = ["models", "--model", model, "--iters", "1" if ctx.quick else "2"]
+            argv = ["models", "--model", model, "--iters", "1" if ctx.quick else "2",
+                    "--variants", ",".join(("adaptive",) + peers)]
             out[f"{model}/buckets"] = run_ranks(lab, argv + (["--no-warmup"] if ctx.quick else []), timeout=3000)
         if not ctx.no_ddp:
             # The training itself, benchmarks/train.py; --quick: ResNet-50
             # (25.6 M parameters, a fifth of VGG19's gradient bytes).
             for model in ("resnet50",) if ctx.quick else ("vgg19", "bert-large"):
-                runs = {v: train_on_lab(lab, model, v, timeout=900 if ctx.quick else 3000) for v in ("adaptive", "gloo")}
+                runs = {v: train_on_lab(lab, model, v, timeout=900 if ctx.quick else 3000)
+                        for v in ("adaptive",) + peers}
                 r0 = runs["gloo"]
                 out[f"{model}/ddp"] = {
                     "model": model, "parameters": r0["parameters"], "world": r0["world"], "buckets_only": False,
@@ -201,11 +220,17 @@ def exp_load_balance(ctx):
         bgs = [lab.background(spine=s, mbit=m, proto="udp") for s, m in BACKGROUND]
         try:
             time.sleep(1)
-            for policy in ("adaptive", "round_robin") if ctx.quick else ("adaptive", "weighted", "round_robin"):
-                # 64 MiB: the size issue 4 judges this criterion at.
-                res = run_ranks(lab, ["loop", "--size", "64M", "--seconds", "5" if ctx.quick else "15"],
-                                env={"MAESTRO_POLICY": policy})
-                runs[policy] = res
+            policies = ("adaptive", "round_robin") if ctx.quick else ("adaptive", "weighted", "round_robin")
+            for variant in policies + PEERS:
+                # 64 MiB: the size the headline figures are stated at. gloo's
+                # groups: --backend; maestro's policy: MAESTRO_POLICY.
+                gloo = variant in GLOO_PEERS
+                # At least 3 iterations (the first is not counted): one of
+                # gloo's takes 5-15 s here.
+                res = run_ranks(lab, ["loop", "--size", "64M", "--seconds", "5" if ctx.quick else "15",
+                                      "--min-iters", "3"] + (["--backend", variant] if gloo else []),
+                                env=None if gloo else {"MAESTRO_POLICY": variant})
+                runs[variant] = res
         finally:
             for b in bgs:
                 b.stop()
@@ -329,11 +354,11 @@ def progress(i: int, n: int, name: str, start: float) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="every experiment, small: a smoke test (<= 5 min)")
+    ap.add_argument("--quick", action="store_true", help="every experiment, small: a smoke test")
     ap.add_argument("--only", help="comma-separated experiments (default: all)")
     ap.add_argument("--report", action="store_true",
-                    help="then run benchmarks/report.py: into docs/ and README.md for a full run into the default "
-                         "folder, else into OUT/report (README untouched)")
+                    help="then run benchmarks/report.py: into docs/, README.md and docs/performance.md for a full "
+                         "run into the default folder, else into OUT/report (README untouched)")
     ap.add_argument("--no-ddp", action="store_true", help="models: gradient-bucket sync only, skip the forward/backward "
                                                           "DDP runs (the longest part of the full suite)")
     ap.add_argument("--out", help="JSON output folder (default: docs/results/data; with --quick, build/bench-quick, "
@@ -380,7 +405,8 @@ def main() -> int:
     if args.report:  # also when an experiment failed: the report shows it
         import report
         if recorded:
-            report.generate(args.out, os.path.join(ROOT, "docs"), os.path.join(ROOT, "README.md"))
+            report.generate(args.out, os.path.join(ROOT, "docs"), os.path.join(ROOT, "README.md"),
+                            os.path.join(ROOT, "docs", "performance.md"))
         else:
             report.generate(args.out, os.path.join(args.out, "report"), "")
     return 1 if failed else 0

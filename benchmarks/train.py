@@ -5,6 +5,8 @@ paths carried.
 
     torchrun --nproc_per_node=2 benchmarks/train.py --model vgg19 --backend maestro --steps 20 --batch 8
     torchrun --nproc_per_node=2 benchmarks/train.py --model bert-large --backend gloo --steps 5 --seq-len 32
+    # gloo with one device per local address (each node its own aliases, or "vnics" = MAESTRO_VNICS)
+    torchrun ... benchmarks/train.py --model vgg19 --backend gloo --gloo-devices 10.0.0.10,10.0.0.11,10.0.0.12,10.0.0.13
 
 Models: vgg19 and resnet50 from torchvision.models (weights=None: built, not
 downloaded), bert-large as transformers' BertForSequenceClassification built
@@ -14,6 +16,11 @@ spread over the ranks by a DistributedSampler, so a run is reproducible and
 maestro's losses can be compared with gloo's step by step. Rank 0 shows a
 progress bar (tqdm) and prints one line at the end; --json writes the same
 figures (and per-step losses) to a file.
+
+--gloo-devices gives gloo one device per address (benchmarks/gloo_devices.py):
+gloo then hands whole collectives to its devices in turn, so DDP's gradient
+buckets in flight at once can take several paths, while each collective
+still takes one. It is the fair comparison for maestro on a host with vNICs.
 
 The evaluation suite's models experiment (benchmarks/suite.py) runs this
 script on the lab through scripts/labrun.py for its DDP figures, so the
@@ -369,6 +376,8 @@ def run(args, group=None) -> dict:
     result["input"] = f"{args.image_size}x{args.image_size}" if is_image_model(args.model) else f"seq {args.seq_len}"
     if args.backend == "maestro":
         result["maestro_options"] = maestro_options(args).as_dict()
+    if args.gloo_devices:
+        result["gloo_devices"] = args.gloo_devices
     result.update(summarize([e["steps"] for e in everyone], args.warmup))
     result["samples_per_s"] = world * args.batch / result["iteration_s"]
     result["losses"] = [[s.loss for s in e["steps"]] for e in everyone]
@@ -387,7 +396,8 @@ def run(args, group=None) -> dict:
 
 
 def summary_line(r: dict) -> str:
-    where = f"{r['model']} {r['mode']} on {r['backend']}, {r['world']} ranks x batch {r['batch']} ({r['input']})"
+    devices = f" ({len(r['gloo_devices'])} devices)" if r.get("gloo_devices") else ""
+    where = f"{r['model']} {r['mode']} on {r['backend']}{devices}, {r['world']} ranks x batch {r['batch']} ({r['input']})"
     line = f"{where}: {r['samples_per_s']:.2f} samples/s, iteration {r['iteration_s']:.3f} s"
     if r.get("exposed_comm_s") is not None:
         line += f", exposed comm {r['exposed_comm_s']:.3f} s ({r['exposed_comm_s'] / r['iteration_s']:.0%})"
@@ -423,6 +433,15 @@ def check_backend(args, ap) -> None:
                                     ("--chunk-size", args.chunk_size)) if v is not None]
     if maestro_knobs and args.backend != "maestro":
         ap.error(f"{', '.join(maestro_knobs)}: maestro's options, not {args.backend}'s")
+    if args.gloo_devices is not None:
+        if args.backend != "gloo":
+            ap.error(f"--gloo-devices: gloo's option, not {args.backend}'s")
+        import gloo_devices
+
+        try:
+            args.gloo_devices = gloo_devices.parse(args.gloo_devices)
+        except ValueError as e:
+            ap.error(f"--gloo-devices: {e}")
     if args.steps <= args.warmup:
         ap.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}): warm-up steps are not timed")
     if args.fsdp and args.compute_steps:
@@ -449,6 +468,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", help="maestro: load balancer (MAESTRO_POLICY), e.g. adaptive, round_robin")
     ap.add_argument("--paths", type=int, help="maestro: paths per peer (MAESTRO_PATHS)")
     ap.add_argument("--chunk-size", help="maestro: bytes per chunk (MAESTRO_CHUNK_SIZE), e.g. 50K")
+    ap.add_argument("--gloo-devices", metavar="ADDRS",
+                    help="gloo: one device per local address, comma-separated (the same count and order on "
+                         "every node), or 'vnics' for this host's MAESTRO_VNICS; gloo gives whole collectives to "
+                         "the devices in turn (default: one device, gloo's own choice)")
     ap.add_argument("--compute-steps", type=int, default=0,
                     help="after training, time this many forward+backward passes without the gradient sync")
     ap.add_argument("--checksum", action="store_true", help="also report a SHA-256 of each rank's final parameters")
@@ -472,6 +495,12 @@ def main(argv=None) -> int:
     timeout = datetime.timedelta(seconds=args.timeout)
     if args.backend == "maestro":
         dist.init_process_group("maestro", pg_options=maestro_options(args), timeout=timeout)
+    elif args.gloo_devices:
+        import gloo_devices
+
+        gloo_devices.register()
+        dist.init_process_group(gloo_devices.BACKEND, pg_options=gloo_devices.options(args.gloo_devices),
+                                timeout=timeout)
     else:
         dist.init_process_group(args.backend, timeout=timeout)
     try:

@@ -2,13 +2,13 @@
 # The evaluation suite, from a fresh clone: installs what it needs
 # into .venv (torch, the extension, matplotlib), runs benchmarks/suite.py on
 # the namespace leaf-spine lab (needs root), then benchmarks/report.py, which
-# turns the JSON into docs/results.md, docs/results/*.png and the headline
-# table in README.md.
-#   scripts/bench.sh                 # full mode (<= 45 min on 2 cores)
-#   scripts/bench.sh --quick         # every experiment, small (<= 5 min)
+# turns the JSON into docs/results.md, docs/results/*.png, the headline
+# table in README.md and the tables of docs/performance.md.
+#   scripts/bench.sh                 # full mode (45 min on 2 cores before the gloo-4dev and single peers; longer now)
+#   scripts/bench.sh --quick         # every experiment, small (8-16 min on a shared 2-core machine)
 #   scripts/bench.sh --only latency,discovery --out /tmp/r   # a subset, elsewhere
 # A full run without --out records its JSON in docs/results/data and updates
-# docs/results.md, docs/results/*.png and README.md. With --out DIR, or with
+# docs/results.md, docs/results/*.png, README.md and docs/performance.md. With --out DIR, or with
 # --quick (DIR defaults to build/bench-quick), the JSON goes to DIR and the
 # report to DIR/report: the recorded results stay untouched. The report is
 # generated even when an experiment failed (it shows which); the exit code

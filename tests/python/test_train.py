@@ -103,6 +103,22 @@ def test_maestro_trains_exactly_as_gloo(tmp_path, model):
     assert sum(m["path_bytes_sent"]) >= (STEPS - 1) * 2 * m["parameters"] * 4
 
 
+def test_gloo_with_one_device_per_address_trains_exactly_as_gloo(tmp_path):
+    """--gloo-devices: gloo with one device per loopback alias (each rank the
+    same 2 addresses: one host) gives the same training as plain gloo."""
+    d, d_line = train_2_ranks(tmp_path, "vgg19", "gloo", "--gloo-devices", "127.0.0.2,127.0.0.3")
+    g, _ = train_2_ranks(tmp_path, "vgg19", "gloo")
+    assert d["gloo_devices"] == ["127.0.0.2", "127.0.0.3"] and "(2 devices)" in d_line, d_line
+    assert "gloo_devices" not in g
+    assert d["losses"] == g["losses"] and d["params_sha256"] == g["params_sha256"]
+
+
+def test_gloo_devices_are_refused_for_maestro(capsys):
+    assert train_main(["--backend", "maestro", "--gloo-devices", "127.0.0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gloo-devices: gloo's option, not maestro's" in err, err
+
+
 def train_main(argv):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import train

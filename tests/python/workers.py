@@ -215,3 +215,57 @@ def matrix(rank: int, world: int, names: list[str], run=None, keep_going: bool =
     results["_path_stats"] = __import__("maestro_torch").path_stats()
     dist.destroy_process_group()
     return results
+
+
+def tcp_addresses_of_this_process() -> tuple[set, set]:
+    """(listening, connected) local IPv4 addresses of this process's TCP
+    sockets, from /proc/self/fd and /proc/net/tcp."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+
+    def ip(hexaddr: str) -> str:
+        return ".".join(str(b) for b in reversed(bytes.fromhex(hexaddr.split(":")[0])))
+    listening, connected = set(), set()
+    with open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            cols = line.split()
+            if cols[9] in inodes:
+                (listening if cols[3] == "0A" else connected).add(ip(cols[1]))  # 0A: LISTEN
+    return listening, connected
+
+
+def gloo_devices_allreduce(rank: int, world: int, per_rank: int) -> dict:
+    """benchmarks/gloo_devices.py on loopback aliases: rank r's devices on
+    127.0.0.(10 + per_rank * r + k); several allreduces in flight at once,
+    each result checked exactly; returns the group's device count and this
+    process's TCP addresses."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "benchmarks"))
+    import gloo_devices
+
+    dist.init_process_group("gloo")
+    try:
+        addrs = [f"127.0.0.{10 + per_rank * rank + k}" for k in range(per_rank)]
+        g = gloo_devices.new_group(",".join(addrs))
+        xs = [torch.full((100003,), float((rank + 1) * (i + 1))) for i in range(3 * per_rank)]
+        works = [dist.all_reduce(x, group=g, async_op=True) for x in xs]
+        for w in works:
+            w.wait()
+        total = world * (world + 1) // 2
+        for i, x in enumerate(xs):
+            check(f"allreduce {i}", x, torch.full_like(x, float(total * (i + 1))))
+        listening, connected = tcp_addresses_of_this_process()
+        out = {"devices": gloo_devices.device_count(g), "addrs": addrs, "listening": sorted(listening),
+               "connected": sorted(connected)}
+        dist.barrier(group=g)
+        return out
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,128 @@
+"""benchmarks/report.py: the headline compares maestro with the best gloo of
+each row and names it; records without the newer peers are reported as
+such; docs/performance.md's tables are the data's."""
+import copy
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "docs", "results", "data")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import report  # noqa: E402
+
+
+def test_best_gloo_picks_the_best_gloo_variant_only():
+    bw = {"gloo": 23.0, "gloo-4dev": 24.5, "adaptive": 91.0, "single": 23.4}
+    assert report.best_gloo(bw) == ("gloo-4dev", 24.5)
+    seconds = {"gloo": 36.1, "gloo-4dev": 30.2, "adaptive": 9.2}
+    assert report.best_gloo(seconds, lower_is_better=True) == ("gloo-4dev", 30.2)
+    assert report.best_gloo({"gloo": 36.1, "gloo-4dev": 40.0}, lower_is_better=True) == ("gloo", 36.1)
+    assert report.best_gloo({"gloo": None, "gloo-4dev": 2.0}) == ("gloo-4dev", 2.0)
+    assert report.best_gloo({"adaptive": 91.0, "single": 23.0}) is None
+
+
+def sweep_record(busbw: dict) -> dict:
+    """A collectives record with one pinned 64 MiB allreduce row per variant."""
+    rows = [{"variant": v, "bytes": 64 << 20, "busbw_GBps": x / 1e3, "seconds": 1.0, "iters": 5, "times": [1.0] * 5}
+            for v, x in busbw.items()]
+    return {"experiment": "collectives", "status": "ok", "data": {
+        "physical_limit_GBps": 0.1, "runs": {"pinned/allreduce": {"rows": rows}}}}
+
+
+def test_headline_compares_with_the_best_gloo_and_names_it():
+    rec = sweep_record({"gloo": 20.0, "gloo-4dev": 25.0, "adaptive": 90.0, "single": 24.0})
+    (row,) = report.headline({"collectives": rec})
+    assert row[2] == "25 MB/s (gloo-4dev)" and row[3] == "**3.60x**", row
+    rec = sweep_record({"gloo": 30.0, "gloo-4dev": 25.0, "adaptive": 90.0})
+    (row,) = report.headline({"collectives": rec})
+    assert row[2] == "30 MB/s (gloo)" and row[3] == "**3.00x**", row
+
+
+def test_headline_says_which_gloo_a_record_lacks():
+    (row,) = report.headline({"collectives": sweep_record({"gloo": 20.0, "adaptive": 90.0})})
+    assert row[2] == "20 MB/s (gloo); gloo-4dev not measured" and row[3] == "**4.50x**", row
+
+
+def without_peers(recs: dict, peers=("gloo-4dev", "single")) -> dict:
+    """The records as the suite wrote them before it measured `peers`."""
+    recs = copy.deepcopy(recs)
+    for run in recs["collectives"]["data"]["runs"].values():
+        run["rows"] = [r for r in run["rows"] if r["variant"] not in peers]
+    for run in recs["models"]["data"]["runs"].values():
+        run["rows"] = [r for r in run["rows"] if r["variant"] not in peers]
+    lb = recs["load_balance"]["data"]["runs"]
+    for p in peers:
+        lb.pop(p, None)
+    return recs
+
+
+def test_records_without_the_new_peers_say_so(tmp_path):
+    recs = without_peers(report.load(DATA))
+    recs["load_balance"]["data"]["runs"].pop("gloo", None)
+    md = report.render(recs, str(tmp_path))
+    # The 4 sweeps of collectives and the 4 tables of models; load balance
+    # without any gloo.
+    assert md.count("*Not measured in this record: gloo-4dev, single (") == 8, md
+    assert md.count("*Not measured in this record: gloo, gloo-4dev, single (") == 1, md
+    assert "| nan" not in md and "| inf" not in md
+    lb = report.headline(recs)[-1]
+    assert lb[0].startswith("allreduce busbw with background") and lb[2] == "not measured" and lb[3] == "-", lb
+
+
+def test_load_balance_with_gloo_peers_has_no_path_shares(tmp_path):
+    recs = report.load(DATA)
+    lb = copy.deepcopy(recs["load_balance"])
+    run = lb["data"]["runs"]["adaptive"]
+    gloo = copy.deepcopy(run)
+    for rank in gloo["ranks"]:
+        for it in rank:
+            it.pop("paths", None)
+            it["seconds"] *= 3  # a third of adaptive's busbw
+    lb["data"]["runs"]["gloo-4dev"] = gloo
+    _, body = report.sec_load_balance(lb, str(tmp_path))
+    line = next(l for l in body.splitlines() if l.startswith("| gloo-4dev |"))
+    assert line.endswith("| - | - | - | - |"), line
+    row = report.headline({"load_balance": lb})[0]
+    assert "(gloo-4dev); gloo not measured" in row[2] and row[3] == "**3.00x**", row
+
+
+def test_performance_tables_are_generated_from_the_data(tmp_path):
+    """docs/performance.md's generated blocks are what report.py makes of
+    docs/results/data now (run benchmarks/report.py after changing either)."""
+    doc = os.path.join(ROOT, "docs", "performance.md")
+    copy_ = tmp_path / "performance.md"
+    shutil.copy(doc, copy_)
+    report.update_performance(str(copy_), report.load(DATA))
+    assert copy_.read_text() == open(doc).read(), "docs/performance.md is stale: run benchmarks/report.py"
+    for name in report.PERFORMANCE_TABLES:
+        begin, end = report.markers(name)
+        block = open(doc).read().split(begin)[1].split(end)[0]
+        assert "|---|" in block and "*From `" in block, (name, block)
+
+
+def test_a_table_without_its_data_says_so(tmp_path):
+    doc = tmp_path / "performance.md"
+    shutil.copy(os.path.join(ROOT, "docs", "performance.md"), doc)
+    recs = {k: v for k, v in report.load(DATA).items() if k != "footprint"}
+    report.update_performance(str(doc), recs)
+    begin, end = report.markers("loopback")
+    block = doc.read_text().split(begin)[1].split(end)[0]
+    assert "No recorded data for this table yet (footprint missing" in block and "|" not in block, block
+
+
+def test_a_report_elsewhere_leaves_the_recorded_docs_alone(tmp_path):
+    """As the smoke test runs it: results into a scratch folder, no README;
+    docs/performance.md must stay as it is (it takes only recorded data)."""
+    docs = {name: open(os.path.join(ROOT, name)).read() for name in ("docs/performance.md", "README.md")}
+    data, out = tmp_path / "data", tmp_path / "report"
+    shutil.copytree(DATA, data)
+    (data / "footprint.json").unlink()  # data that would change the loopback table
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "report.py"), "--data", str(data),
+                          "--out", str(out), "--readme", ""], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (out / "results.md").exists() and not (out / "performance.md").exists()
+    for name, text in docs.items():
+        assert open(os.path.join(ROOT, name)).read() == text, f"{name} was rewritten"
