@@ -158,13 +158,26 @@ void checkToItself(uint64_t sends, uint64_t receives, const char* name) {
   MAESTRO_CHECK(sends == receives, name, ": this rank sends ", sends, " elements to itself but expects ", receives);
 }
 
-// Coalesced inputs: at least one, all of one dtype.
-void checkCoalesced(const std::vector<at::Tensor>& inputs, size_t outputs, const char* name) {
+// Coalesced inputs: at least one, all of one dtype; with outputs: one
+// each, of its input's dtype, with in_factor x input = out_factor x output
+// elements.
+void checkCoalesced(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* outputs, int in_factor,
+                    int out_factor, const char* name) {
   MAESTRO_CHECK(!inputs.empty(), name, " needs at least one tensor");
-  MAESTRO_CHECK(outputs == inputs.size(), name, ": ", inputs.size(), " inputs but ", outputs, " outputs");
   for (const auto& t : inputs) {
     checkTensor(t, "an input tensor");
     checkSameKind(inputs[0], t, "an input tensor");
+  }
+  if (!outputs) return;
+  MAESTRO_CHECK(outputs->size() == inputs.size(), name, ": ", inputs.size(), " inputs but ", outputs->size(),
+                " outputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& out = (*outputs)[i];
+    checkTensor(out, "an output tensor");
+    checkSameKind(inputs[i], out, "an output tensor");
+    MAESTRO_CHECK(inputs[i].numel() * in_factor == out.numel() * out_factor, name, ": input ", i, " has ",
+                  inputs[i].numel(), " elements and output ", i, " has ", out.numel(),
+                  "; the larger must be world size (", std::max(in_factor, out_factor), ") x the smaller");
   }
 }
 
@@ -626,7 +639,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const ::c10d::AllgatherOptions&) {
   try {
-    checkCoalesced(inputs, outputLists.size(), "allgather_coalesced");
+    checkCoalesced(inputs, nullptr, 1, 1, "allgather_coalesced");
+    MAESTRO_CHECK(outputLists.size() == inputs.size(), "allgather_coalesced: ", inputs.size(), " inputs but ",
+                  outputLists.size(), " output lists");
     for (size_t i = 0; i < inputs.size(); ++i) checkList(outputLists[i], inputs[i], getSize(), "allgather_coalesced", "output");
   } catch (const Error& e) {
     reject("allgather_coalesced", e.what());
@@ -646,14 +661,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesce
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const ::c10d::AllgatherOptions&) {
   try {
-    checkCoalesced(inputs, outputs.size(), "allgather_into_tensor_coalesced");
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      checkTensor(outputs[i], "an output tensor");
-      checkSameKind(inputs[i], outputs[i], "an output tensor");
-      MAESTRO_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "allgather_into_tensor_coalesced: output ", i,
-                    " has ", outputs[i].numel(), " elements but must have world size (", getSize(), ") x input (",
-                    inputs[i].numel(), ")");
-    }
+    checkCoalesced(inputs, &outputs, 1, getSize(), "allgather_into_tensor_coalesced");
   } catch (const Error& e) {
     reject("allgather_into_tensor_coalesced", e.what());
   }
@@ -676,14 +684,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coal
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
   ReduceOp op;
   try {
-    checkCoalesced(inputs, outputs.size(), "reduce_scatter_tensor_coalesced");
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      checkTensor(outputs[i], "an output tensor");
-      checkSameKind(inputs[i], outputs[i], "an output tensor");
-      MAESTRO_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "reduce_scatter_tensor_coalesced: input ", i,
-                    " has ", inputs[i].numel(), " elements but must have world size (", getSize(), ") x output (",
-                    outputs[i].numel(), ")");
-    }
+    checkCoalesced(inputs, &outputs, getSize(), 1, "reduce_scatter_tensor_coalesced");
     op = toReduceOp(opts.reduceOp, inputs[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter_tensor_coalesced", e.what());

@@ -15,55 +15,47 @@ namespace maestro {
 namespace collectives {
 namespace {
 
-OpDesc rootedDesc(OpKind kind, uint64_t count, DType dtype, int root) {
+// The root exchanges one block of `count` elements with every rank: it
+// receives them (gather: `own` is the block each rank sends, `root_blocks`
+// where the root takes them in) or sends them (scatter: `own` is where each
+// rank takes its block in, `root_blocks` what the root sends). root_blocks
+// matters on the root only.
+void rooted(multipath::Engine& engine, uint64_t seq, OpKind kind, const Window& own,
+            const std::vector<Window>& root_blocks, uint64_t count, DType dtype, int root, Deadline deadline) {
   OpDesc desc;
   desc.kind = static_cast<uint8_t>(kind);
   desc.dtype = static_cast<uint8_t>(dtype);
   desc.root = root;
   desc.count = count;
-  return desc;
-}
-
-// On every rank (an abort), so that no rank waits for one that refused.
-void checkRoot(OpContext& ctx, int root, size_t blocks) {
-  const int n = ctx.size();
+  OpContext ctx(engine, seq, desc, deadline);
+  // Checked on every rank (an abort), so that no rank waits for one that refused.
+  const int n = engine.size();
   if (root < 0 || root >= n) ctx.abort(strcat("root ", root, " is not a rank of this group of ", n));
-  if (ctx.rank() == root && static_cast<int>(blocks) != n)
-    ctx.abort(strcat("the root needs one block per rank (", n, "), got ", blocks));
+  if (engine.rank() == root && static_cast<int>(root_blocks.size()) != n)
+    ctx.abort(strcat("the root needs one block per rank (", n, "), got ", root_blocks.size()));
+  const bool to_root = kind == OpKind::kGather;
+  const uint64_t bytes = count * dtypeSize(dtype);
+  ExchangePlan plan(n);
+  (to_root ? plan.send : plan.recv)[root] = own;
+  (to_root ? plan.send_bytes : plan.recv_bytes)[root] = bytes;
+  if (engine.rank() == root)
+    for (int p = 0; p < n; ++p) {
+      (to_root ? plan.recv : plan.send)[p] = root_blocks[p];
+      (to_root ? plan.recv_bytes : plan.send_bytes)[p] = bytes;
+    }
+  exchange(ctx, plan);
 }
 
 }  // namespace
 
 void gather(multipath::Engine& engine, uint64_t seq, const Window& input, const std::vector<Window>& outputs,
             uint64_t count, DType dtype, int root, Deadline deadline) {
-  OpContext ctx(engine, seq, rootedDesc(OpKind::kGather, count, dtype, root), deadline);
-  checkRoot(ctx, root, outputs.size());
-  const uint64_t bytes = count * dtypeSize(dtype);
-  ExchangePlan plan(engine.size());
-  plan.send[root] = input;
-  plan.send_bytes[root] = bytes;
-  if (engine.rank() == root)
-    for (int p = 0; p < engine.size(); ++p) {
-      plan.recv[p] = outputs[p];
-      plan.recv_bytes[p] = bytes;
-    }
-  exchange(ctx, plan);
+  rooted(engine, seq, OpKind::kGather, input, outputs, count, dtype, root, deadline);
 }
 
 void scatter(multipath::Engine& engine, uint64_t seq, const std::vector<Window>& inputs, const Window& output,
              uint64_t count, DType dtype, int root, Deadline deadline) {
-  OpContext ctx(engine, seq, rootedDesc(OpKind::kScatter, count, dtype, root), deadline);
-  checkRoot(ctx, root, inputs.size());
-  const uint64_t bytes = count * dtypeSize(dtype);
-  ExchangePlan plan(engine.size());
-  plan.recv[root] = output;
-  plan.recv_bytes[root] = bytes;
-  if (engine.rank() == root)
-    for (int p = 0; p < engine.size(); ++p) {
-      plan.send[p] = inputs[p];
-      plan.send_bytes[p] = bytes;
-    }
-  exchange(ctx, plan);
+  rooted(engine, seq, OpKind::kScatter, output, inputs, count, dtype, root, deadline);
 }
 
 }  // namespace collectives

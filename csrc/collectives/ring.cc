@@ -238,6 +238,20 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   }
 }
 
+// Allreduce in place on `work`: reduce-scatter, then allgather.
+RingPlan allreducePlan(const Window& work, uint64_t count, DType dtype, ReduceOp op, int n) {
+  RingPlan plan;
+  plan.work = work;
+  plan.blocks = balancedBlocks(count, dtypeSize(dtype), n);
+  plan.dtype = dtype;
+  plan.op = op;
+  plan.reduce_scatter = true;
+  plan.rs_shift = 0;
+  plan.allgather = true;
+  plan.ag_shift = 1;  // RS leaves rank r with block r+1
+  return plan;
+}
+
 }  // namespace
 
 void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
@@ -249,16 +263,7 @@ void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, ui
   desc.count = count;
   OpContext ctx(engine, seq, desc, deadline);
   if (engine.size() == 1) return;
-  RingPlan plan;
-  plan.work = tensor;
-  plan.blocks = balancedBlocks(count, dtypeSize(dtype), engine.size());
-  plan.dtype = dtype;
-  plan.op = op;
-  plan.reduce_scatter = true;
-  plan.rs_shift = 0;
-  plan.allgather = true;
-  plan.ag_shift = 1;  // RS leaves rank r with block r+1
-  runRing(ctx, plan);
+  runRing(ctx, allreducePlan(tensor, count, dtype, op, engine.size()));
 }
 
 void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype, ReduceOp op,
@@ -273,22 +278,15 @@ void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint6
   const int n = engine.size();
   if (root < 0 || root >= n) ctx.abort(strcat("root ", root, " is not a rank of this group of ", n));
   if (n == 1) return;
-  RingPlan plan;
-  plan.work = tensor;
+  Window work = tensor;
   if (engine.rank() != root) {
     // Reduce in a working copy: only the root's tensor changes.
     const uint64_t bytes = count * dtypeSize(dtype);
-    Region work = engine.buffer(kWorkBuffer, std::max<uint64_t>(bytes, 1));
-    if (bytes) std::memcpy(work.addr, static_cast<const uint8_t*>(tensor.region.addr) + tensor.base, bytes);
-    plan.work = Window{work, 0};
+    Region copy = engine.buffer(kWorkBuffer, std::max<uint64_t>(bytes, 1));
+    if (bytes) std::memcpy(copy.addr, static_cast<const uint8_t*>(tensor.region.addr) + tensor.base, bytes);
+    work = Window{copy, 0};
   }
-  plan.blocks = balancedBlocks(count, dtypeSize(dtype), n);
-  plan.dtype = dtype;
-  plan.op = op;
-  plan.reduce_scatter = true;
-  plan.rs_shift = 0;
-  plan.allgather = true;
-  plan.ag_shift = 1;  // RS leaves rank r with block r+1
+  RingPlan plan = allreducePlan(work, count, dtype, op, n);
   plan.ag_root = root;
   runRing(ctx, plan);
 }

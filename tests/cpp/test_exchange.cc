@@ -102,6 +102,37 @@ TEST_P(Exchange, GatherAndScatterFromEveryRoot) {
     }
 }
 
+// The reduced blocks stop at the root: a reduce moves about 3/4 of an
+// allreduce's bytes ((n-1) tensors in the reduce-scatter, (n-1)/2 in the
+// gather along the ring, against 2(n-1)).
+TEST_P(Exchange, ReduceSendsLessThanAllreduce) {
+  const int n = GetParam();
+  World w(n);
+  const uint64_t count = 1 << 20;
+  auto bytesSent = [&]() {
+    uint64_t total = 0;
+    for (auto& e : w.engines)
+      for (const auto& p : e->pathStats()) total += p.bytes_sent;
+    return total;
+  };
+  auto run = [&](uint64_t seq, bool all) {
+    const uint64_t before = bytesSent();
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      std::vector<float> t(count, 1.0f);
+      Window win = registered(e, t);
+      if (all) allreduce(e, seq, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      else reduce(e, seq, win, count, DType::kFloat32, ReduceOp::kSum, n - 1, after(60));
+      e.deregisterMemory(win.region);
+    });
+    for (auto& err : errors) EXPECT_EQ("", errorText(err));
+    return bytesSent() - before;
+  };
+  const uint64_t allreduced = run(1, true), reduced = run(2, false);
+  EXPECT_GT(allreduced, 2 * (n - 1) * count * 4 * 95 / 100) << "the allreduce's own bytes";
+  EXPECT_LT(reduced, allreduced * 8 / 10) << "reduce " << reduced << " bytes, allreduce " << allreduced;
+}
+
 // Rank p sends split(p, q) elements to rank q: uneven, some empty, read from
 // and written to offsets inside one buffer per rank.
 TEST_P(Exchange, AlltoallWithUnevenSplits) {

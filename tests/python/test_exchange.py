@@ -4,30 +4,10 @@ rank processes over four loopback paths: every dtype (bool included), sizes
 shuffle and its combine), non-contiguous tensors, gather_object /
 scatter_object_list / all_gather_object on top; bad input refused on every
 rank leaves the group usable, ranks that disagree all get an error."""
-import pytest
-
 import exchange_workers
-from launcher import case_errors, run_ranks
+from launcher import matrix_tests
 
-WORLDS = [2, 3, 4]
-CASES = exchange_workers.cases()
 ENV = {"MAESTRO_CHUNK_SIZE": "16K", "MAESTRO_SEGMENT_SIZE": "64K"}
 
-
-@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
-def world_results(request):
-    world = request.param
-    return world, run_ranks(world, exchange_workers.matrix, CASES, env=ENV, timeout=900)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_exchange(world_results, case):
-    errors = case_errors(world_results, case)
-    assert not errors, "\n".join(errors)
-
-
-def test_every_rank_finished(world_results):
-    world, results = world_results
-    for rank, (status, value) in enumerate(results):
-        assert status == "ok", f"rank {rank}: {value}"
-        assert set(CASES) <= set(value), "cases missing from the report"
+world_results, test_exchange, test_every_rank_finished = matrix_tests(
+    exchange_workers.matrix, exchange_workers.cases(), [2, 3, 4], ENV, timeout=900)
