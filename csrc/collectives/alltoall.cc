@@ -135,10 +135,7 @@ void exchange(OpContext& ctx, const ExchangePlan& plan) {
 void alltoall(multipath::Engine& engine, uint64_t seq, const std::vector<Window>& inputs,
               const std::vector<uint64_t>& send_counts, const std::vector<Window>& outputs,
               const std::vector<uint64_t>& recv_counts, DType dtype, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kAlltoall);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kAlltoall, dtype, 0), deadline);
   const int n = engine.size();
   MAESTRO_CHECK(static_cast<int>(inputs.size()) == n && static_cast<int>(send_counts.size()) == n &&
                     static_cast<int>(outputs.size()) == n && static_cast<int>(recv_counts.size()) == n,

@@ -17,7 +17,7 @@ namespace maestro {
 namespace collectives {
 
 // Engine buffer slots the collectives use.
-constexpr int kScratchBuffer = 0;  // reduce-scatter receive slots
+constexpr int kScratchBuffer = 0;  // reduce-scatter receive slots; a small reduce's slots at the root
 constexpr int kWorkBuffer = 1;     // reduce_scatter's working copy of the input
 constexpr int kStagingBuffer = 2;  // the caller's staging of a tensor it must copy (c10d glue)
 

@@ -6,7 +6,10 @@
 // crosses the network once, one-sided, from the sender's tensor straight
 // into the receiver's (zero copy), and the root's n-1 transfers spread over
 // all its paths -- the root's link is the bottleneck of any gather or
-// scatter, and this keeps it busy with nothing but payload.
+// scatter, and this keeps it busy with nothing but payload. A small reduce
+// is the same gather, into the root's scratch, reduced there.
+#include <algorithm>
+
 #include "collectives/collectives.h"
 #include "collectives/exchange.h"
 #include "common/error.h"
@@ -22,12 +25,7 @@ namespace {
 // matters on the root only.
 void rooted(multipath::Engine& engine, uint64_t seq, OpKind kind, const Window& own,
             const std::vector<Window>& root_blocks, uint64_t count, DType dtype, int root, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(kind);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.root = root;
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(kind, dtype, count, ReduceOp{}, root), deadline);
   // Checked on every rank (an abort), so that no rank waits for one that refused.
   const int n = engine.size();
   if (root < 0 || root >= n) ctx.abort(strcat("root ", root, " is not a rank of this group of ", n));
@@ -47,6 +45,31 @@ void rooted(multipath::Engine& engine, uint64_t seq, OpKind kind, const Window& 
 }
 
 }  // namespace
+
+void reduceDirect(OpContext& ctx, const Window& tensor, uint64_t count, DType dtype, ReduceOp op, int root) {
+  multipath::Engine& engine = ctx.engine();
+  const int n = ctx.size(), me = ctx.rank();
+  const uint64_t bytes = count * dtypeSize(dtype);
+  ExchangePlan plan(n);
+  Region slots;
+  if (me == root) {
+    slots = engine.buffer(kScratchBuffer, std::max<uint64_t>(bytes * n, 1));
+    for (int p = 0; p < n; ++p)
+      if (p != root) {
+        plan.recv[p] = Window{slots, bytes * p};
+        plan.recv_bytes[p] = bytes;
+      }
+  } else {
+    plan.send[root] = tensor;  // read in place: a non-root's tensor is not modified
+    plan.send_bytes[root] = bytes;
+  }
+  exchange(ctx, plan);
+  if (me != root || bytes == 0) return;
+  auto* acc = static_cast<uint8_t*>(tensor.region.addr) + tensor.base;
+  for (int p = 0; p < n; ++p)
+    if (p != root) reduceInto(dtype, op, acc, static_cast<const uint8_t*>(slots.addr) + bytes * p, count);
+  if (op == ReduceOp::kAvg) finishAvg(dtype, acc, count, n);
+}
 
 void gather(multipath::Engine& engine, uint64_t seq, const Window& input, const std::vector<Window>& outputs,
             uint64_t count, DType dtype, int root, Deadline deadline) {

@@ -49,6 +49,16 @@ bool OpDesc::operator==(const OpDesc& o) const {
   return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && root == o.root && count == o.count;
 }
 
+OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op, int root) {
+  OpDesc d;
+  d.kind = static_cast<uint8_t>(kind);
+  d.dtype = static_cast<uint8_t>(dtype);
+  d.reduce_op = static_cast<uint8_t>(op);
+  d.root = root;
+  d.count = count;
+  return d;
+}
+
 std::string describe(const OpDesc& d) {
   auto kind = static_cast<OpKind>(d.kind);
   std::string s = opKindName(kind);

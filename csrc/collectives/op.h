@@ -49,6 +49,8 @@ struct OpDesc {
   bool operator==(const OpDesc& o) const;
 };
 std::string describe(const OpDesc& desc);
+// A descriptor; op and root where the collective has them.
+OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op = ReduceOp{}, int root = -1);
 
 // A registered buffer as one operation sees it: the tensor starts `base`
 // bytes into the registration (registrations cover whole storages).

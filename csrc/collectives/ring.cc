@@ -29,15 +29,16 @@
 // receives at most (n-1)/n of the tensor in each phase, all of it pipelined
 // chunk by chunk, so a large reduce costs about what the reduce-scatter
 // costs plus the root's intake -- against n-1 whole tensors into the root
-// for a direct or tree reduce. Small tensors take the same path: at the
-// group sizes maestro targets its 2(n-1) steps are a few round trips, and
-// one algorithm keeps every size exact in the same reduction order.
+// for a direct or tree reduce. Small tensors (up to kDirectReduceBytes),
+// where the 2(n-1) sequential steps and not the bytes are the cost, go
+// direct instead (reduceDirect: one step, exchange.h).
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/exchange.h"
 #include "collectives/plan.h"
 #include "common/error.h"
 
@@ -256,32 +257,25 @@ RingPlan allreducePlan(const Window& work, uint64_t count, DType dtype, ReduceOp
 
 void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
                ReduceOp op, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kAllreduce);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.reduce_op = static_cast<uint8_t>(op);
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kAllreduce, dtype, count, op), deadline);
   if (engine.size() == 1) return;
   runRing(ctx, allreducePlan(tensor, count, dtype, op, engine.size()));
 }
 
 void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype, ReduceOp op,
             int root, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kReduce);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.reduce_op = static_cast<uint8_t>(op);
-  desc.root = root;
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kReduce, dtype, count, op, root), deadline);
   const int n = engine.size();
   if (root < 0 || root >= n) ctx.abort(strcat("root ", root, " is not a rank of this group of ", n));
   if (n == 1) return;
+  const uint64_t bytes = count * dtypeSize(dtype);
+  if (bytes <= kDirectReduceBytes) {
+    reduceDirect(ctx, tensor, count, dtype, op, root);
+    return;
+  }
   Window work = tensor;
   if (engine.rank() != root) {
     // Reduce in a working copy: only the root's tensor changes.
-    const uint64_t bytes = count * dtypeSize(dtype);
     Region copy = engine.buffer(kWorkBuffer, std::max<uint64_t>(bytes, 1));
     if (bytes) std::memcpy(copy.addr, static_cast<const uint8_t*>(tensor.region.addr) + tensor.base, bytes);
     work = Window{copy, 0};
@@ -293,12 +287,7 @@ void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint6
 
 void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, void* output, uint64_t count,
                    DType dtype, ReduceOp op, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kReduceScatter);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.reduce_op = static_cast<uint8_t>(op);
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kReduceScatter, dtype, count, op), deadline);
   const int n = engine.size();
   const uint64_t block = count * dtypeSize(dtype);
   if (n == 1) {
@@ -322,11 +311,7 @@ void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, v
 
 void allgather(multipath::Engine& engine, uint64_t seq, const void* input, const Window& output, uint64_t count,
                DType dtype, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kAllgather);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kAllgather, dtype, count), deadline);
   const uint64_t block = count * dtypeSize(dtype);
   auto* out = static_cast<uint8_t*>(output.region.addr) + output.base;
   if (block) std::memmove(out + block * engine.rank(), input, block);
