@@ -661,7 +661,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesce
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const ::c10d::AllgatherOptions&) {
   try {
-    checkCoalesced(inputs, &outputs, 1, getSize(), "allgather_into_tensor_coalesced");
+    checkCoalesced(inputs, &outputs, getSize(), 1, "allgather_into_tensor_coalesced");
   } catch (const Error& e) {
     reject("allgather_into_tensor_coalesced", e.what());
   }
@@ -684,7 +684,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coal
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
   ReduceOp op;
   try {
-    checkCoalesced(inputs, &outputs, getSize(), 1, "reduce_scatter_tensor_coalesced");
+    checkCoalesced(inputs, &outputs, 1, getSize(), "reduce_scatter_tensor_coalesced");
     op = toReduceOp(opts.reduceOp, inputs[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter_tensor_coalesced", e.what());

@@ -56,6 +56,11 @@ def uneven(src: int, dst: int, scale: int) -> int:
     return ((src * 7 + dst * 3) % 4) * scale
 
 
+def coalesced_gather(out: torch.Tensor, x: torch.Tensor) -> None:
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(out, x)
+
+
 def run_case(name: str, rank: int, world: int) -> None:
     parts = name.split("-")
     kind = parts[0]
@@ -222,6 +227,7 @@ def run_case(name: str, rank: int, world: int) -> None:
             "dtype": _error_of(lambda: dist.all_to_all_single(torch.empty(world, dtype=torch.uint32),
                                                               torch.ones(world, dtype=torch.uint32))),
             "bool avg": _error_of(lambda: dist.reduce(torch.ones(3, dtype=torch.bool), dst=0, op=dist.ReduceOp.AVG)),
+            "coalesced": _error_of(lambda: coalesced_gather(torch.empty(world + 1), torch.ones(1))),
         }
         wants = {"reduce root": "is not a rank of this group", "splits sum": "add up to", "rows": "not divisible",
                  "self": "to itself", "dtype": "not supported", "bool avg": "not defined for bool"}
