@@ -230,7 +230,8 @@ def run_case(name: str, rank: int, world: int) -> None:
             "coalesced": _error_of(lambda: coalesced_gather(torch.empty(world + 1), torch.ones(1))),
         }
         wants = {"reduce root": "is not a rank of this group", "splits sum": "add up to", "rows": "not divisible",
-                 "self": "to itself", "dtype": "not supported", "bool avg": "not defined for bool"}
+                 "self": "to itself", "dtype": "not supported", "bool avg": "not defined for bool",
+                 "coalesced": "must be world size"}
         for what, err in errors.items():
             if wants[what] not in err:
                 raise AssertionError(f"{name}: {what}: {err!r}")
