@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <future>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -133,6 +134,77 @@ void checkOne(const std::vector<at::Tensor>& tensors, const char* name) {
 void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* what) {
   MAESTRO_CHECK(a.scalar_type() == b.scalar_type(), what, " has dtype ", c10::toString(b.scalar_type()),
                 " but the input has ", c10::toString(a.scalar_type()));
+}
+
+void checkRoot(int64_t root, int size, const char* name) {
+  MAESTRO_CHECK(root >= 0 && root < size, name, ": root rank ", root, " is not a rank of this group of ", size);
+}
+
+// A list of one tensor per rank, each like `like` (dtype; numel unless
+// sizes may differ, as all-to-all's may).
+void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, int size, const char* name,
+               const char* what, bool same_numel = true) {
+  MAESTRO_CHECK(static_cast<int>(list.size()) == size, name, ": the ", what, " list has ", list.size(),
+                " tensors but the group has ", size, " ranks");
+  for (const auto& t : list) {
+    checkTensor(t, what);
+    checkSameKind(like, t, what);
+    MAESTRO_CHECK(!same_numel || t.numel() == like.numel(), name, ": an ", what, " tensor has ", t.numel(),
+                  " elements but the input has ", like.numel());
+  }
+}
+
+void checkToItself(uint64_t sends, uint64_t receives, const char* name) {
+  MAESTRO_CHECK(sends == receives, name, ": this rank sends ", sends, " elements to itself but expects ", receives);
+}
+
+// Coalesced inputs: at least one, all of one dtype; with outputs: one
+// each, of its input's dtype, with in_factor x input = out_factor x output
+// elements.
+void checkCoalesced(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* outputs, int in_factor,
+                    int out_factor, const char* name) {
+  MAESTRO_CHECK(!inputs.empty(), name, " needs at least one tensor");
+  for (const auto& t : inputs) {
+    checkTensor(t, "an input tensor");
+    checkSameKind(inputs[0], t, "an input tensor");
+  }
+  if (!outputs) return;
+  MAESTRO_CHECK(outputs->size() == inputs.size(), name, ": ", inputs.size(), " inputs but ", outputs->size(),
+                " outputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& out = (*outputs)[i];
+    checkTensor(out, "an output tensor");
+    checkSameKind(inputs[i], out, "an output tensor");
+    MAESTRO_CHECK(inputs[i].numel() * in_factor == out.numel() * out_factor, name, ": input ", i, " has ",
+                  inputs[i].numel(), " elements and output ", i, " has ", out.numel(),
+                  "; the larger must be world size (", std::max(in_factor, out_factor), ") x the smaller");
+  }
+}
+
+// all_to_all_single's split sizes (rows of dim 0) as element counts: equal
+// parts when none are given.
+std::vector<uint64_t> splitCounts(const std::vector<int64_t>& splits, const at::Tensor& t, int size,
+                                  const char* which) {
+  const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t row = t.dim() == 0 ? 1 : (rows ? t.numel() / rows : 0);
+  std::vector<uint64_t> out;
+  if (splits.empty()) {
+    MAESTRO_CHECK(rows % size == 0, "all_to_all_single: the ", which, " has ", rows,
+                  " rows (dim 0), not divisible by the world size ", size, "; pass split sizes");
+    out.assign(size, static_cast<uint64_t>(rows / size * row));
+    return out;
+  }
+  MAESTRO_CHECK(static_cast<int>(splits.size()) == size, "all_to_all_single: ", splits.size(), " ", which,
+                " split sizes for a group of ", size, " ranks");
+  int64_t sum = 0;
+  for (int64_t s : splits) {
+    MAESTRO_CHECK(s >= 0, "all_to_all_single: negative ", which, " split size ", s);
+    sum += s;
+    out.push_back(static_cast<uint64_t>(s * row));
+  }
+  MAESTRO_CHECK(sum == rows, "all_to_all_single: the ", which, " split sizes add up to ", sum, " but the ", which,
+                " has ", rows, " rows (dim 0)");
+  return out;
 }
 
 }  // namespace
@@ -324,6 +396,20 @@ void ProcessGroupMaestro::inPlace(const at::Tensor& tensor, const std::function<
   work.tensor.view(tensor.sizes()).copy_(tensor);
   run(work.window);
   tensor.copy_(work.tensor.view(tensor.sizes()));
+}
+
+ProcessGroupMaestro::PinnedList::PinnedList(ProcessGroupMaestro* pg, const std::vector<at::Tensor>& tensors, bool read)
+    : tensors_(tensors) {
+  for (const auto& t : tensors) {
+    buffers_.push_back(t.is_contiguous() ? t : (read ? t.contiguous() : at::empty_like(t, at::MemoryFormat::Contiguous)));
+    pins_.push_back(std::make_unique<Pinned>(pg, buffers_.back()));
+    windows.push_back(pins_.back()->window);
+  }
+}
+
+void ProcessGroupMaestro::PinnedList::copyBack() {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (!buffers_[i].is_same(tensors_[i])) tensors_[i].copy_(buffers_[i]);
 }
 
 void ProcessGroupMaestro::release(const at::Tensor& t) {
@@ -530,6 +616,248 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::barrier(const ::c10d::Barr
                  [this](uint64_t seq, Deadline deadline) { collectives::barrier(*engine_, seq, deadline); });
 }
 
+// ---------------------------------------------------------------- coalesced
+
+void ProcessGroupMaestro::allgatherPacked(uint64_t seq, Deadline deadline, const std::vector<at::Tensor>& inputs,
+                                          const std::function<void(size_t, int, const at::Tensor&)>& place) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : inputs) flat.push_back(t.reshape({-1}));
+  at::Tensor src = at::cat(flat);  // read locally, never registered
+  const int64_t total = src.numel();
+  Staged all = stage(total * getSize(), src.options());
+  collectives::allgather(*engine_, seq, src.data_ptr(), all.window, total, toDType(src.scalar_type()), deadline);
+  for (int r = 0; r < getSize(); ++r) {
+    int64_t at = r * total;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      place(i, r, all.tensor.narrow(0, at, inputs[i].numel()));
+      at += inputs[i].numel();
+    }
+  }
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions&) {
+  try {
+    checkCoalesced(inputs, nullptr, 1, 1, "allgather_coalesced");
+    MAESTRO_CHECK(outputLists.size() == inputs.size(), "allgather_coalesced: ", inputs.size(), " inputs but ",
+                  outputLists.size(), " output lists");
+    for (size_t i = 0; i < inputs.size(); ++i) checkList(outputLists[i], inputs[i], getSize(), "allgather_coalesced", "output");
+  } catch (const Error& e) {
+    reject("allgather_coalesced", e.what());
+  }
+  std::vector<std::vector<at::Tensor>> outs = outputLists;
+  std::vector<at::Tensor> ins = inputs, all_outs;
+  for (const auto& l : outs) all_outs.insert(all_outs.end(), l.begin(), l.end());
+  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "maestro:all_gather_coalesced", all_outs, ins,
+                 [this, outs, ins](uint64_t seq, Deadline deadline) {
+                   allgatherPacked(seq, deadline, ins, [&](size_t i, int r, const at::Tensor& block) {
+                     outs[i][r].copy_(block.view(outs[i][r].sizes()));
+                   });
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                  std::vector<at::Tensor>& inputs,
+                                                                                  const ::c10d::AllgatherOptions&) {
+  try {
+    checkCoalesced(inputs, &outputs, getSize(), 1, "allgather_into_tensor_coalesced");
+  } catch (const Error& e) {
+    reject("allgather_into_tensor_coalesced", e.what());
+  }
+  std::vector<at::Tensor> outs = outputs, ins = inputs;
+  return enqueue(::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "maestro:all_gather_into_tensor_coalesced", outs, ins,
+                 [this, outs, ins](uint64_t seq, Deadline deadline) {
+                   std::vector<at::Tensor> flat;  // contiguous, viewed flat
+                   for (const auto& o : outs)
+                     flat.push_back(o.is_contiguous() ? o.view({-1}) : at::empty({o.numel()}, o.options()));
+                   allgatherPacked(seq, deadline, ins, [&](size_t i, int r, const at::Tensor& block) {
+                     const int64_t m = ins[i].numel();
+                     flat[i].narrow(0, r * m, m).copy_(block);  // rank r's block of output i
+                   });
+                   for (size_t i = 0; i < outs.size(); ++i)
+                     if (!outs[i].is_contiguous()) outs[i].copy_(flat[i].view(outs[i].sizes()));
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
+  ReduceOp op;
+  try {
+    checkCoalesced(inputs, &outputs, 1, getSize(), "reduce_scatter_tensor_coalesced");
+    op = toReduceOp(opts.reduceOp, inputs[0].scalar_type());
+  } catch (const Error& e) {
+    reject("reduce_scatter_tensor_coalesced", e.what());
+  }
+  std::vector<at::Tensor> outs = outputs, ins = inputs;
+  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "maestro:reduce_scatter_tensor_coalesced", outs, ins,
+                 [this, outs, ins, op](uint64_t seq, Deadline deadline) {
+                   // Rank r's block: block r of every input, one after another.
+                   std::vector<at::Tensor> parts;
+                   int64_t total = 0;
+                   for (const auto& o : outs) total += o.numel();
+                   for (int r = 0; r < getSize(); ++r)
+                     for (size_t i = 0; i < ins.size(); ++i) {
+                       const int64_t m = outs[i].numel();
+                       parts.push_back(ins[i].reshape({-1}).narrow(0, r * m, m));
+                     }
+                   at::Tensor src = at::cat(parts);
+                   at::Tensor dst = at::empty({total}, src.options());
+                   collectives::reduceScatter(*engine_, seq, src.data_ptr(), dst.data_ptr(), total,
+                                              toDType(src.scalar_type()), op, deadline);
+                   int64_t at = 0;
+                   for (const auto& o : outs) {
+                     o.copy_(dst.narrow(0, at, o.numel()).view(o.sizes()));
+                     at += o.numel();
+                   }
+                 });
+}
+
+// Reduce, gather, scatter, all-to-all: the root (or every rank) learns the
+// peers' buffers in the operation's handshake (collectives/op.h), and the
+// data is written one-sided straight between the callers' tensors.
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce(std::vector<at::Tensor>& tensors,
+                                                             const ::c10d::ReduceOptions& opts) {
+  ReduceOp op;
+  try {
+    checkOne(tensors, "reduce");
+    MAESTRO_CHECK(opts.rootTensor == 0, "reduce: rootTensor must be 0 (one tensor per process)");
+    checkRoot(opts.rootRank, getSize(), "reduce");
+    op = toReduceOp(opts.reduceOp, tensors[0].scalar_type());
+  } catch (const Error& e) {
+    reject("reduce", e.what());
+  }
+  at::Tensor tensor = tensors[0];
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(::c10d::OpType::REDUCE, "maestro:reduce", {tensor}, {tensor},
+                 [this, tensor, op, root](uint64_t seq, Deadline deadline) {
+                   inPlace(tensor, [&](const collectives::Window& w) {
+                     collectives::reduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op, root,
+                                         deadline);
+                   });
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const ::c10d::GatherOptions& opts) {
+  const int root = static_cast<int>(opts.rootRank);
+  try {
+    checkOne(inputs, "gather");
+    checkRoot(opts.rootRank, getSize(), "gather");
+    if (getRank() == root) {
+      MAESTRO_CHECK(outputs.size() == 1, "gather: the root takes one output list (got ", outputs.size(), ")");
+      checkList(outputs[0], inputs[0], getSize(), "gather", "output");
+    }
+  } catch (const Error& e) {
+    reject("gather", e.what());
+  }
+  // Only the root has outputs; elsewhere torch passes none.
+  std::vector<at::Tensor> outs = getRank() == root ? outputs[0] : std::vector<at::Tensor>{};
+  at::Tensor in = inputs[0];
+  return enqueue(::c10d::OpType::GATHER, "maestro:gather", outs, {in},
+                 [this, outs, in, root](uint64_t seq, Deadline deadline) {
+                   PinnedList src(this, {in}, true), dst(this, outs, false);
+                   collectives::gather(*engine_, seq, src.windows[0], dst.windows, in.numel(),
+                                       toDType(in.scalar_type()), root, deadline);
+                   dst.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::scatter(std::vector<at::Tensor>& outputs,
+                                                              std::vector<std::vector<at::Tensor>>& inputs,
+                                                              const ::c10d::ScatterOptions& opts) {
+  const int root = static_cast<int>(opts.rootRank);
+  try {
+    checkOne(outputs, "scatter");
+    checkRoot(opts.rootRank, getSize(), "scatter");
+    if (getRank() == root) {
+      MAESTRO_CHECK(inputs.size() == 1, "scatter: the root takes one input list (got ", inputs.size(), ")");
+      checkList(inputs[0], outputs[0], getSize(), "scatter", "input");
+    }
+  } catch (const Error& e) {
+    reject("scatter", e.what());
+  }
+  std::vector<at::Tensor> ins = getRank() == root ? inputs[0] : std::vector<at::Tensor>{};
+  at::Tensor out = outputs[0];
+  return enqueue(::c10d::OpType::SCATTER, "maestro:scatter", {out}, ins,
+                 [this, out, ins, root](uint64_t seq, Deadline deadline) {
+                   PinnedList src(this, ins, true), dst(this, {out}, false);
+                   collectives::scatter(*engine_, seq, src.windows, dst.windows[0], out.numel(),
+                                        toDType(out.scalar_type()), root, deadline);
+                   dst.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall(std::vector<at::Tensor>& outputs,
+                                                               std::vector<at::Tensor>& inputs,
+                                                               const ::c10d::AllToAllOptions&) {
+  try {
+    MAESTRO_CHECK(!inputs.empty(), "all_to_all: the input list is empty");
+    checkList(inputs, inputs[0], getSize(), "all_to_all", "input", false);
+    checkList(outputs, inputs[0], getSize(), "all_to_all", "output", false);
+    checkToItself(inputs[getRank()].numel(), outputs[getRank()].numel(), "all_to_all");
+  } catch (const Error& e) {
+    reject("all_to_all", e.what());
+  }
+  std::vector<at::Tensor> outs = outputs, ins = inputs;
+  return enqueue(::c10d::OpType::ALLTOALL, "maestro:all_to_all", outs, ins,
+                 [this, outs, ins](uint64_t seq, Deadline deadline) {
+                   std::vector<at::Tensor> sources;
+                   for (const auto& t : ins) {
+                     // An input that shares memory with an output is read
+                     // from a copy: the peers' writes must not overwrite it.
+                     bool aliased = false;
+                     for (const auto& o : outs) aliased = aliased || (t.numel() && o.numel() && t.is_alias_of(o));
+                     sources.push_back(aliased ? t.clone() : t);
+                   }
+                   PinnedList src(this, sources, true), dst(this, outs, false);
+                   std::vector<uint64_t> sends, recvs;
+                   for (const auto& t : ins) sends.push_back(t.numel());
+                   for (const auto& t : outs) recvs.push_back(t.numel());
+                   collectives::alltoall(*engine_, seq, src.windows, sends, dst.windows, recvs,
+                                         toDType(ins[0].scalar_type()), deadline);
+                   dst.copyBack();
+                 });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                                        std::vector<int64_t>& outputSplitSizes,
+                                                                        std::vector<int64_t>& inputSplitSizes,
+                                                                        const ::c10d::AllToAllOptions&) {
+  std::vector<uint64_t> sends, recvs;
+  try {
+    checkTensor(input, "the input");
+    checkTensor(output, "the output");
+    checkSameKind(input, output, "the output");
+    sends = splitCounts(inputSplitSizes, input, getSize(), "input");
+    recvs = splitCounts(outputSplitSizes, output, getSize(), "output");
+    checkToItself(sends[getRank()], recvs[getRank()], "all_to_all_single");
+  } catch (const Error& e) {
+    reject("all_to_all_single", e.what());
+  }
+  at::Tensor out = output, in = input;
+  return enqueue(::c10d::OpType::ALLTOALL_BASE, "maestro:all_to_all_single", {out}, {in},
+                 [this, out, in, sends, recvs](uint64_t seq, Deadline deadline) {
+                   at::Tensor source = in.numel() && out.numel() && in.is_alias_of(out) ? in.clone() : in;
+                   PinnedList src(this, {source}, true), dst(this, {out}, false);
+                   // Every rank's block is a window at its offset in the one
+                   // tensor: read and written in place.
+                   const uint64_t elem = in.element_size();
+                   std::vector<collectives::Window> ins, outs;
+                   uint64_t at_in = 0, at_out = 0;
+                   for (int p = 0; p < getSize(); ++p) {
+                     ins.push_back(collectives::Window{src.windows[0].region, src.windows[0].base + at_in * elem});
+                     outs.push_back(collectives::Window{dst.windows[0].region, dst.windows[0].base + at_out * elem});
+                     at_in += sends[p];
+                     at_out += recvs[p];
+                   }
+                   collectives::alltoall(*engine_, seq, ins, sends, outs, recvs, toDType(in.scalar_type()), deadline);
+                   dst.copyBack();
+                 });
+}
+
 // ---------------------------------------------------------------- point to point
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -551,6 +879,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(bool send, st
   // Only this rank and its peer are involved: a bad argument raises here and
   // leaves the group as it was (the peer's matching call times out).
   checkOne(tensors, name);
+  MAESTRO_CHECK(static_cast<uint32_t>(tag) - kReservedTagBase >= kReservedTags, name, ": tag ", tag,
+                " is reserved by maestro (tags from ", static_cast<int32_t>(kReservedTagBase), " to ",
+                static_cast<int32_t>(kReservedTagBase + kReservedTags - 1), ")");
   {
     std::lock_guard<std::mutex> lock(mu_);
     MAESTRO_CHECK(!stopping_ && engine_, "maestro ", name, ": the process group was shut down");
@@ -581,6 +912,78 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(bool send, st
   if (send) p2p_->send(peer, static_cast<uint32_t>(tag), pin->window, bytes, deadline, std::move(done));
   else p2p_->recv(peer, static_cast<uint32_t>(tag), pin->window, bytes, deadline, std::move(done));
   return work;
+}
+
+// ---------------------------------------------------------------- monitored barrier
+
+void ProcessGroupMaestro::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) {
+  const int n = getSize(), me = getRank();
+  const auto timeout = opts.timeout == ::c10d::kUnsetTimeout ? timeout_.load() : opts.timeout;
+  const Deadline deadline = deadlineAfter(timeout);
+  // Every rank calls it the same number of times: the count names the
+  // barrier, so a late token of an earlier one never matches a later one.
+  const uint32_t tag = kReservedTagBase + monitored_barriers_.fetch_add(1) % kReservedTags;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    MAESTRO_CHECK(!stopping_ && engine_, "maestro monitored_barrier: the process group was shut down");
+  }
+  if (n == 1) return;
+  // rank 0's answer: which ranks did not arrive (all zero: pass).
+  at::Tensor missing = at::zeros({n}, at::kInt);
+  struct Token {
+    std::promise<std::exception_ptr> done;
+    std::shared_ptr<Pinned> pin;
+  };
+  // Rank 0 answers once it heard from everyone or gave up on someone: up to
+  // one timeout after it came, so the others wait for its answer longer.
+  const Deadline answer_deadline = deadlineAfter(2 * timeout);
+  auto post = [&](bool send, int peer, const at::Tensor& t, Deadline deadline) {
+    auto token = std::make_shared<Token>();
+    token->pin = std::make_shared<Pinned>(this, t);
+    auto done = [token](std::exception_ptr error, int) {
+      token->pin.reset();
+      token->done.set_value(error);
+    };
+    const uint64_t bytes = t.numel() * t.element_size();
+    if (send) p2p_->send(peer, tag, token->pin->window, bytes, deadline, done);
+    else p2p_->recv(peer, tag, token->pin->window, bytes, deadline, done);
+    return token->done.get_future();
+  };
+  const std::string ms = strcat(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count(), " ms");
+  at::Tensor empty = at::empty({0}, at::kInt);
+  if (me != 0) {
+    auto sent = post(true, 0, empty, deadline);
+    auto answer = post(false, 0, missing, answer_deadline);
+    std::exception_ptr error = sent.get();
+    std::exception_ptr answered = answer.get();
+    if (error || answered)
+      fail("maestro monitored_barrier: rank ", me, " did not hear from rank 0 within ", ms,
+           " (rank 0 did not reach the barrier, or failed it: see its error)");
+    std::string who;
+    for (int r = 0; r < n; ++r)
+      if (missing.data_ptr<int32_t>()[r]) who += strcat(who.empty() ? "" : ", ", r);
+    if (!who.empty())
+      fail("maestro monitored_barrier: rank(s) ", who, " failed to pass the barrier within ", ms,
+           " (reported by rank 0)");
+    return;
+  }
+  std::vector<std::future<std::exception_ptr>> arrivals;
+  for (int r = 1; r < n; ++r) arrivals.push_back(post(false, r, empty, deadline));
+  std::vector<int> late;
+  for (int r = 1; r < n; ++r)
+    if (arrivals[r - 1].get()) {
+      late.push_back(r);
+      missing.data_ptr<int32_t>()[r] = 1;
+    }
+  std::vector<std::future<std::exception_ptr>> answers;
+  for (int r = 1; r < n; ++r)
+    if (!missing.data_ptr<int32_t>()[r]) answers.push_back(post(true, r, missing, answer_deadline));
+  for (auto& a : answers) a.get();  // a rank that left after arriving is not this barrier's failure
+  if (late.empty()) return;
+  std::string who;
+  for (size_t i = 0; i < (waitAllRanks ? late.size() : 1); ++i) who += strcat(i ? ", " : "", late[i]);
+  fail("maestro monitored_barrier: rank", waitAllRanks && late.size() > 1 ? "s " : " ", who,
+       " failed to pass the barrier within ", ms, waitAllRanks ? "" : " (the first such rank; wait_all_ranks=True names all)");
 }
 
 }  // namespace c10d_glue

@@ -57,12 +57,45 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> reduce_scatter_single(at::Tensor& output, at::Tensor& input,
                                                          const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+  // Coalesced: several tensors in one collective (one message per segment
+  // instead of one collective per tensor).
+  c10::intrusive_ptr<::c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
+                                                               std::vector<at::Tensor>& inputs,
+                                                               const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_single_coalesced(std::vector<at::Tensor>& outputs,
+                                                                   std::vector<at::Tensor>& inputs,
+                                                                   const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs, const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                            const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                     std::vector<int64_t>& outputSplitSizes,
+                                                     std::vector<int64_t>& inputSplitSizes,
+                                                     const ::c10d::AllToAllOptions& opts) override;
 
   // Point to point (collectives/p2p.h): beside the collectives, not in
   // their sequence; either side may post first.
   c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+  // dist.monitored_barrier: point-to-point tokens to and from rank 0 on
+  // maestro's reserved tags; rank 0 names the ranks that did not arrive
+  // within the timeout, and tells the ranks that did.
+  void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+  // Point-to-point tags maestro keeps for itself (as a user's int tag: the
+  // 65536 lowest negative numbers); a user's send/recv on them is refused.
+  static constexpr uint32_t kReservedTagBase = 0x80000000u;
+  static constexpr uint32_t kReservedTags = 1u << 16;
 
   uint64_t getSequenceNumberForGroup() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -115,6 +148,19 @@ class ProcessGroupMaestro : public ::c10d::Backend {
     ProcessGroupMaestro* pg_;
     at::Tensor tensor_;
   };
+  // Tensors a direct exchange reads or writes in place: contiguous ones are
+  // pinned and used as they are (zero copy); any other gets a contiguous
+  // copy (`read`: of its contents), which copyBack() copies into it.
+  class PinnedList {
+   public:
+    PinnedList(ProcessGroupMaestro* pg, const std::vector<at::Tensor>& tensors, bool read);
+    void copyBack();
+    std::vector<collectives::Window> windows;
+
+   private:
+    std::vector<at::Tensor> tensors_, buffers_;
+    std::vector<std::unique_ptr<Pinned>> pins_;
+  };
   collectives::Window window(const at::Tensor& t);
   void release(const at::Tensor& t);
   // A contiguous tensor of `numel` elements in the engine's staging buffer
@@ -131,11 +177,18 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // when it is contiguous, else on a staged copy that is copied back.
   void inPlace(const at::Tensor& tensor, const std::function<void(const collectives::Window&)>& run);
 
+  // Allgather of several tensors as one: packed into one block per rank;
+  // place(i, r, block) gets input i of rank r (a view of the gathered data,
+  // valid during the call).
+  void allgatherPacked(uint64_t seq, Deadline deadline, const std::vector<at::Tensor>& inputs,
+                       const std::function<void(size_t, int, const at::Tensor&)>& place);
+
   // peer -1: any source (recv only).
   c10::intrusive_ptr<::c10d::Work> pointToPoint(bool send, std::vector<at::Tensor>& tensors, int peer, int tag);
 
   std::shared_ptr<multipath::Engine> engine_;  // guarded by mu_ for threads other than the worker
-  std::unique_ptr<collectives::PointToPoint> p2p_;  // stopped before the cache and the engine go
+  std::unique_ptr<collectives::PointToPoint> p2p_;
+  std::atomic<uint32_t> monitored_barriers_{0};  // calls so far: each one's tag  // stopped before the cache and the engine go
   std::shared_ptr<multipath::RegistrationCache> cache_;
   std::atomic<std::chrono::milliseconds> timeout_;
 

@@ -13,12 +13,7 @@ namespace collectives {
 
 void broadcast(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype, int root,
                Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kBroadcast);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.root = root;
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kBroadcast, dtype, count, ReduceOp{}, root), deadline);
   const int n = engine.size();
   MAESTRO_CHECK(root >= 0 && root < n, "broadcast root ", root, " is not a rank of this group of ", n);
   if (n == 1) return;

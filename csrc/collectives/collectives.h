@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "collectives/op.h"
 #include "collectives/reduce.h"
@@ -16,7 +17,7 @@ namespace maestro {
 namespace collectives {
 
 // Engine buffer slots the collectives use.
-constexpr int kScratchBuffer = 0;  // reduce-scatter receive slots
+constexpr int kScratchBuffer = 0;  // reduce-scatter receive slots; a small reduce's slots at the root
 constexpr int kWorkBuffer = 1;     // reduce_scatter's working copy of the input
 constexpr int kStagingBuffer = 2;  // the caller's staging of a tensor it must copy (c10d glue)
 
@@ -32,6 +33,25 @@ void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, v
 // is copied from input (input may alias it).
 void allgather(multipath::Engine& engine, uint64_t seq, const void* input, const Window& output, uint64_t count,
                DType dtype, Deadline deadline);
+// Reduce to `root`, in place on the root; the other ranks' tensors are not
+// modified (they reduce in a working copy). Ring reduce-scatter, then each
+// reduced block travels the ring until it reaches the root.
+void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype, ReduceOp op,
+            int root, Deadline deadline);
+// Every rank's input (count elements) lands in the root's outputs[rank]
+// (outputs: on the root one window per rank, elsewhere ignored).
+void gather(multipath::Engine& engine, uint64_t seq, const Window& input, const std::vector<Window>& outputs,
+            uint64_t count, DType dtype, int root, Deadline deadline);
+// The root's inputs[rank] (count elements) lands in that rank's output
+// (inputs: on the root one window per rank, elsewhere ignored).
+void scatter(multipath::Engine& engine, uint64_t seq, const std::vector<Window>& inputs, const Window& output,
+             uint64_t count, DType dtype, int root, Deadline deadline);
+// inputs[p] (send_counts[p] elements) lands in rank p's outputs[rank]; rank
+// p must expect as many (recv_counts[rank] there) -- any mismatch fails on
+// every rank. Pairwise exchange, zero copy.
+void alltoall(multipath::Engine& engine, uint64_t seq, const std::vector<Window>& inputs,
+              const std::vector<uint64_t>& send_counts, const std::vector<Window>& outputs,
+              const std::vector<uint64_t>& recv_counts, DType dtype, Deadline deadline);
 // Pipelined chain from root through the ring, in place.
 void broadcast(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
                int root, Deadline deadline);

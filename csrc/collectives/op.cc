@@ -20,6 +20,13 @@ struct WireRegion {
 };
 static_assert(sizeof(OpDesc) == 16, "OpDesc is a wire format");
 static_assert(sizeof(WireRegion) == 40, "WireRegion is a wire format");
+// handshakeAll's DESC: the descriptor, then this.
+struct WireTerms {
+  uint64_t sends;     // bytes the sender writes into the receiver
+  uint64_t receives;  // bytes the sender takes from the receiver
+  WireRegion window;  // where they land at the sender
+};
+static_assert(sizeof(WireTerms) == 56, "WireTerms is a wire format");
 
 }  // namespace
 
@@ -30,6 +37,10 @@ const char* opKindName(OpKind kind) {
     case OpKind::kAllgather: return "allgather";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kGather: return "gather";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kAlltoall: return "all_to_all";
   }
   return "?";
 }
@@ -38,14 +49,26 @@ bool OpDesc::operator==(const OpDesc& o) const {
   return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && root == o.root && count == o.count;
 }
 
+OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op, int root) {
+  OpDesc d;
+  d.kind = static_cast<uint8_t>(kind);
+  d.dtype = static_cast<uint8_t>(dtype);
+  d.reduce_op = static_cast<uint8_t>(op);
+  d.root = root;
+  d.count = count;
+  return d;
+}
+
 std::string describe(const OpDesc& d) {
   auto kind = static_cast<OpKind>(d.kind);
   std::string s = opKindName(kind);
   if (kind == OpKind::kBarrier) return s;
+  if (kind == OpKind::kAlltoall) return s + strcat(" of ", dtypeName(static_cast<DType>(d.dtype)), " elements");
   s += strcat(" of ", d.count, " ", dtypeName(static_cast<DType>(d.dtype)), " elements");
-  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter)
+  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce)
     s += strcat(" (", reduceOpName(static_cast<ReduceOp>(d.reduce_op)), ")");
-  if (kind == OpKind::kBroadcast) s += strcat(" from root ", d.root);
+  if (kind == OpKind::kBroadcast || kind == OpKind::kScatter) s += strcat(" from root ", d.root);
+  if (kind == OpKind::kReduce || kind == OpKind::kGather) s += strcat(" to root ", d.root);
   return s;
 }
 
@@ -116,14 +139,7 @@ void OpContext::run(const std::function<bool()>& step, const std::function<std::
 std::vector<RemoteWindow> OpContext::handshake(const std::vector<Window>& windows) {
   // Windows of empty buffers have no registration (id 0): nothing to expose.
   std::vector<uint64_t> keys;
-  for (const auto& w : windows) {
-    if (!w.region.valid()) {
-      keys.push_back(0);
-      continue;
-    }
-    keys.push_back(engine_.expose(w.region));
-    exposed_.push_back(w.region);
-  }
+  for (const auto& w : windows) keys.push_back(exposeOnce(w));
   std::vector<uint8_t> payload(sizeof(OpDesc) + windows.size() * sizeof(WireRegion));
   std::memcpy(payload.data(), &desc_, sizeof(OpDesc));
   for (size_t i = 0; i < windows.size(); ++i) {
@@ -141,13 +157,9 @@ std::vector<RemoteWindow> OpContext::handshake(const std::vector<Window>& window
   run([&] { return engine_.takeControl(right(), {multipath::ControlType::kDesc, seq_, 0}, &theirs); },
       [&] { return strcat("rank ", right(), " to start the same collective"); },
       [&] { return std::vector<int>{right()}; });
-  OpDesc other;
-  if (theirs.size() < sizeof(OpDesc) || (theirs.size() - sizeof(OpDesc)) % sizeof(WireRegion) != 0)
+  checkDesc(theirs, right());
+  if ((theirs.size() - sizeof(OpDesc)) % sizeof(WireRegion) != 0)
     abort(strcat("malformed operation descriptor from rank ", right()));
-  std::memcpy(&other, theirs.data(), sizeof(OpDesc));
-  if (!(other == desc_))
-    abort(strcat("ranks called different collectives or with different tensors: rank ", rank(), " called ",
-                 describe(desc_), " but rank ", right(), " called ", describe(other)));
   std::vector<RemoteWindow> out((theirs.size() - sizeof(OpDesc)) / sizeof(WireRegion));
   // The same collective exposes the same buffers on every rank: a caller
   // may index every window it exposed itself.
@@ -159,6 +171,87 @@ std::vector<RemoteWindow> OpContext::handshake(const std::vector<Window>& window
     std::memcpy(&w, theirs.data() + sizeof(OpDesc) + i * sizeof(WireRegion), sizeof w);
     out[i] = RemoteWindow{RemoteRegion{w.id, w.key, w.addr, w.length}, w.base};
   }
+  return out;
+}
+
+uint64_t OpContext::exposeOnce(const Window& w) {
+  if (!w.region.valid()) return 0;  // an empty buffer has no registration
+  for (size_t i = 0; i < exposed_.size(); ++i)
+    if (exposed_[i].id == w.region.id) return exposed_keys_[i];
+  uint64_t key = engine_.expose(w.region);
+  exposed_.push_back(w.region);
+  exposed_keys_.push_back(key);
+  return key;
+}
+
+void OpContext::checkDesc(const std::vector<uint8_t>& theirs, int peer) {
+  if (theirs.size() < sizeof(OpDesc)) abort(strcat("malformed operation descriptor from rank ", peer));
+  OpDesc other;
+  std::memcpy(&other, theirs.data(), sizeof(OpDesc));
+  if (!(other == desc_))
+    abort(strcat("ranks called different collectives or with different tensors: rank ", rank(), " called ",
+                 describe(desc_), " but rank ", peer, " called ", describe(other)));
+}
+
+std::vector<RemoteWindow> OpContext::handshakeAll(const std::vector<PeerTerms>& terms) {
+  const int n = size(), me = rank();
+  MAESTRO_CHECK(static_cast<int>(terms.size()) == n, name(), ": terms for ", terms.size(), " ranks, not ", n);
+  const size_t elem = desc_.dtype ? dtypeSize(static_cast<DType>(desc_.dtype)) : 1;
+  // Pairwise order (rank r+1 first): every rank starts with a different peer.
+  for (int k = 1; k < n; ++k) {
+    const int p = (me + k) % n;
+    const PeerTerms& t = terms[p];
+    const Region& r = t.window.region;
+    WireTerms w{t.sends, t.receives,
+                WireRegion{r.id, 0, exposeOnce(t.window), reinterpret_cast<uint64_t>(r.addr), r.length, t.window.base}};
+    std::vector<uint8_t> payload(sizeof(OpDesc) + sizeof w);
+    std::memcpy(payload.data(), &desc_, sizeof(OpDesc));
+    std::memcpy(payload.data() + sizeof(OpDesc), &w, sizeof w);
+    try {
+      engine_.sendControl(p, multipath::ControlType::kDesc, seq_, 0, payload.data(), payload.size());
+    } catch (const Error& e) {
+      abort(e.what());
+    }
+  }
+  std::vector<RemoteWindow> out(n);
+  std::vector<char> heard(n, 0);
+  heard[me] = 1;
+  int missing = n - 1;
+  auto take = [&]() -> bool {
+    for (int p = 0; p < n && missing > 0; ++p) {
+      std::vector<uint8_t> theirs;
+      if (heard[p] || !engine_.takeControl(p, {multipath::ControlType::kDesc, seq_, 0}, &theirs)) continue;
+      heard[p] = 1;
+      --missing;
+      checkDesc(theirs, p);
+      if (theirs.size() != sizeof(OpDesc) + sizeof(WireTerms))
+        abort(strcat("malformed operation descriptor from rank ", p));
+      WireTerms w;
+      std::memcpy(&w, theirs.data() + sizeof(OpDesc), sizeof w);
+      const PeerTerms& t = terms[p];
+      if (w.sends != t.receives || w.receives != t.sends)
+        abort(strcat("ranks disagree on what they exchange in ", describe(desc_), ": rank ", p, " sends ",
+                     w.sends / elem, " elements to rank ", me, " and expects ", w.receives / elem,
+                     " from it, but rank ", me, " expects ", t.receives / elem, " from rank ", p, " and sends ",
+                     t.sends / elem));
+      if (t.sends > 0 && (w.window.id == 0 || w.window.length < w.window.base + t.sends))
+        abort(strcat("malformed operation descriptor from rank ", p, ": no buffer for ", t.sends, " bytes"));
+      out[p] = RemoteWindow{RemoteRegion{w.window.id, w.window.key, w.window.addr, w.window.length}, w.window.base};
+    }
+    return missing == 0;
+  };
+  run(take, [&] {
+        std::string who;
+        for (int p = 0; p < n; ++p)
+          if (!heard[p]) who += strcat(who.empty() ? "" : ", ", p);
+        return strcat("rank(s) ", who, " to start the same collective");
+      },
+      [&] {
+        std::vector<int> peers;
+        for (int p = 0; p < n; ++p)
+          if (!heard[p]) peers.push_back(p);
+        return peers;
+      });
   return out;
 }
 

@@ -9,6 +9,12 @@
 // (shape, dtype, op, root, collective), some rank sees it and aborts the
 // operation on every rank with a message naming both sides. No data moves
 // into a rank's memory before that rank has exposed it for this operation.
+//
+// Operations in which a rank writes to ranks other than its right neighbour
+// (reduce's root, gather, scatter, all-to-all) use handshakeAll instead: a
+// DESC to and from every other rank, carrying also how many bytes flow
+// between the two and the one window the sender exposes to that peer. Each
+// pair checks both; as before, any disagreement aborts on every rank.
 #pragma once
 
 #include <exception>
@@ -24,7 +30,9 @@
 namespace maestro {
 namespace collectives {
 
-enum class OpKind : uint8_t { kAllreduce = 1, kReduceScatter, kAllgather, kBroadcast, kBarrier };
+enum class OpKind : uint8_t {
+  kAllreduce = 1, kReduceScatter, kAllgather, kBroadcast, kBarrier, kReduce, kGather, kScatter, kAlltoall
+};
 const char* opKindName(OpKind kind);
 
 // What every rank must agree on. Sent to the left neighbour in the DESC.
@@ -34,10 +42,15 @@ struct OpDesc {
   uint8_t reduce_op = 0;
   uint8_t reserved = 0;
   int32_t root = -1;
-  uint64_t count = 0;  // elements: allreduce/broadcast the tensor, reduce_scatter the output, allgather the input
+  // elements: allreduce/broadcast/reduce the tensor, reduce_scatter the
+  // output, allgather/gather/scatter one rank's block; all-to-all: 0 (the
+  // sizes are per pair, see handshakeAll)
+  uint64_t count = 0;
   bool operator==(const OpDesc& o) const;
 };
 std::string describe(const OpDesc& desc);
+// A descriptor; op and root where the collective has them.
+OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op = ReduceOp{}, int root = -1);
 
 // A registered buffer as one operation sees it: the tensor starts `base`
 // bytes into the registration (registrations cover whole storages).
@@ -76,6 +89,17 @@ class OpContext {
   // Expose `windows` (to the left neighbour), exchange and check the DESC;
   // returns the right neighbour's windows.
   std::vector<RemoteWindow> handshake(const std::vector<Window>& windows);
+  // What this rank tells one peer in handshakeAll.
+  struct PeerTerms {
+    uint64_t sends = 0;     // bytes this rank writes into the peer
+    uint64_t receives = 0;  // bytes this rank takes from the peer
+    Window window;          // where they land here (exposed to the peer; empty if none)
+  };
+  // Exchange DESCs with every other rank (terms indexed by rank; this
+  // rank's entry is ignored): the descriptors must match, and each pair must
+  // agree on the bytes between them. Returns each peer's window for this
+  // rank (empty where the peer takes nothing from it).
+  std::vector<RemoteWindow> handshakeAll(const std::vector<PeerTerms>& terms);
   // Abort unless `peer` is reachable (for peers other than the neighbours).
   void checkPeer(int peer);
 
@@ -95,12 +119,18 @@ class OpContext {
 
  private:
   void checkHealth(const std::vector<int>& peers);
+  // Expose a window once per operation; its key.
+  uint64_t exposeOnce(const Window& w);
+  // Abort unless a DESC's descriptor matches ours (checked before its layout,
+  // so that two different collectives get that message).
+  void checkDesc(const std::vector<uint8_t>& theirs, int peer);
 
   multipath::Engine& engine_;
   const uint64_t seq_;
   const OpDesc desc_;
   const Deadline deadline_;
   std::vector<Region> exposed_;
+  std::vector<uint64_t> exposed_keys_;  // exposed_[i]'s key
   const int uncaught_ = std::uncaught_exceptions();
 };
 

@@ -21,12 +21,24 @@
 // failover). Posting in index order and
 // reducing into the separate work buffer (never into the slot being
 // forwarded) keeps this free of the store-and-forward deadlock.
+//
+// Reduce to a root is the same ring with the allgather phase cut short
+// (Rabenseifner's reduce-scatter + gather, the gather done along the ring):
+// a reduced block travels only until it reaches the root, and the messages
+// after that are empty (skipped on both sides). Every rank sends and
+// receives at most (n-1)/n of the tensor in each phase, all of it pipelined
+// chunk by chunk, so a large reduce costs about what the reduce-scatter
+// costs plus the root's intake -- against n-1 whole tensors into the root
+// for a direct or tree reduce. Small tensors (up to kDirectReduceBytes),
+// where the 2(n-1) sequential steps and not the bytes are the cost, go
+// direct instead (reduceDirect: one step, exchange.h).
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "collectives/collectives.h"
+#include "collectives/exchange.h"
 #include "collectives/plan.h"
 #include "common/error.h"
 
@@ -47,6 +59,7 @@ struct RingPlan {
   int rs_shift = 0;  // RS step s: rank r sends block (r + rs_shift - s)
   bool allgather = false;
   int ag_shift = 0;  // AG step s: rank r sends block (r + ag_shift - s)
+  int ag_root = -1;  // >= 0: the allgather phase only carries blocks towards this rank (reduce)
 };
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -87,8 +100,23 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   auto recvBlock = [&](uint32_t k) {
     return mod(r - 1 + (isRS(k) ? plan.rs_shift : plan.ag_shift) - static_cast<int>(stepOf(k)), n);
   };
-  auto sendSpan = [&](uint32_t k) { return segmentOf(plan.blocks[sendBlock(k)], seg, segOf(k)); };
-  auto recvSpan = [&](uint32_t k) { return segmentOf(plan.blocks[recvBlock(k)], seg, segOf(k)); };
+  // With ag_root: the block sent at AG step s was reduced on rank r - s and
+  // has travelled s hops; it goes on only while the root is further on.
+  auto towardsRoot = [&](int sender, uint32_t k) {
+    if (isRS(k) || plan.ag_root < 0) return true;
+    const int s = static_cast<int>(stepOf(k));
+    return mod(plan.ag_root - (sender - s), n) >= s + 1;
+  };
+  auto sendSpan = [&](uint32_t k) {
+    Span span = segmentOf(plan.blocks[sendBlock(k)], seg, segOf(k));
+    if (!towardsRoot(r, k)) span.bytes = 0;
+    return span;
+  };
+  auto recvSpan = [&](uint32_t k) {
+    Span span = segmentOf(plan.blocks[recvBlock(k)], seg, segOf(k));
+    if (!towardsRoot(L, k)) span.bytes = 0;
+    return span;
+  };
 
   // Incoming messages: expected up front; early chunks are remembered.
   std::vector<std::shared_ptr<RecvOp>> recv(total);
@@ -211,37 +239,55 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   }
 }
 
-}  // namespace
-
-void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
-               ReduceOp op, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kAllreduce);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.reduce_op = static_cast<uint8_t>(op);
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
-  if (engine.size() == 1) return;
+// Allreduce in place on `work`: reduce-scatter, then allgather.
+RingPlan allreducePlan(const Window& work, uint64_t count, DType dtype, ReduceOp op, int n) {
   RingPlan plan;
-  plan.work = tensor;
-  plan.blocks = balancedBlocks(count, dtypeSize(dtype), engine.size());
+  plan.work = work;
+  plan.blocks = balancedBlocks(count, dtypeSize(dtype), n);
   plan.dtype = dtype;
   plan.op = op;
   plan.reduce_scatter = true;
   plan.rs_shift = 0;
   plan.allgather = true;
   plan.ag_shift = 1;  // RS leaves rank r with block r+1
+  return plan;
+}
+
+}  // namespace
+
+void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
+               ReduceOp op, Deadline deadline) {
+  OpContext ctx(engine, seq, opDesc(OpKind::kAllreduce, dtype, count, op), deadline);
+  if (engine.size() == 1) return;
+  runRing(ctx, allreducePlan(tensor, count, dtype, op, engine.size()));
+}
+
+void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype, ReduceOp op,
+            int root, Deadline deadline) {
+  OpContext ctx(engine, seq, opDesc(OpKind::kReduce, dtype, count, op, root), deadline);
+  const int n = engine.size();
+  if (root < 0 || root >= n) ctx.abort(strcat("root ", root, " is not a rank of this group of ", n));
+  if (n == 1) return;
+  const uint64_t bytes = count * dtypeSize(dtype);
+  if (bytes <= kDirectReduceBytes) {
+    reduceDirect(ctx, tensor, count, dtype, op, root);
+    return;
+  }
+  Window work = tensor;
+  if (engine.rank() != root) {
+    // Reduce in a working copy: only the root's tensor changes.
+    Region copy = engine.buffer(kWorkBuffer, std::max<uint64_t>(bytes, 1));
+    if (bytes) std::memcpy(copy.addr, static_cast<const uint8_t*>(tensor.region.addr) + tensor.base, bytes);
+    work = Window{copy, 0};
+  }
+  RingPlan plan = allreducePlan(work, count, dtype, op, n);
+  plan.ag_root = root;
   runRing(ctx, plan);
 }
 
 void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, void* output, uint64_t count,
                    DType dtype, ReduceOp op, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kReduceScatter);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.reduce_op = static_cast<uint8_t>(op);
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kReduceScatter, dtype, count, op), deadline);
   const int n = engine.size();
   const uint64_t block = count * dtypeSize(dtype);
   if (n == 1) {
@@ -265,11 +311,7 @@ void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, v
 
 void allgather(multipath::Engine& engine, uint64_t seq, const void* input, const Window& output, uint64_t count,
                DType dtype, Deadline deadline) {
-  OpDesc desc;
-  desc.kind = static_cast<uint8_t>(OpKind::kAllgather);
-  desc.dtype = static_cast<uint8_t>(dtype);
-  desc.count = count;
-  OpContext ctx(engine, seq, desc, deadline);
+  OpContext ctx(engine, seq, opDesc(OpKind::kAllgather, dtype, count), deadline);
   const uint64_t block = count * dtypeSize(dtype);
   auto* out = static_cast<uint8_t*>(output.region.addr) + output.base;
   if (block) std::memmove(out + block * engine.rank(), input, block);

@@ -10,6 +10,7 @@
 
 #include "collectives/collectives.h"
 #include "multipath/engine.h"
+#include "collective_world.h"
 #include "test_util.h"
 
 namespace maestro {
@@ -18,30 +19,9 @@ namespace {
 
 using testing::after;
 using testing::errorText;
-using testing::MemoryRendezvous;
+using testing::registered;
 using testing::runRanks;
-
-// Small chunks and segments so that modest tensors span many chunks,
-// segments and scratch-slot reuses.
-std::map<std::string, std::string> smallUnits() {
-  return {{"chunk_size", "4K"}, {"segment_size", "16K"}, {"scratch_slots", "2"}, {"paths", "4"}};
-}
-
-struct World {
-  explicit World(int n, std::map<std::string, std::string> opts = smallUnits()) : engines(n) {
-    auto errors = runRanks(n, [&](int r) {
-      engines[r] = std::make_unique<multipath::Engine>(opts, store, r, n, after(30));
-    });
-    for (auto& e : errors) EXPECT_EQ("", errorText(e));
-  }
-  MemoryRendezvous store;
-  std::vector<std::unique_ptr<multipath::Engine>> engines;
-};
-
-// Empty tensors are not registered: an operation on them only handshakes.
-Window registered(multipath::Engine& e, std::vector<float>& v) {
-  return v.empty() ? Window{} : Window{e.registerMemory(v.data(), v.size() * sizeof(float)), 0};
-}
+using testing::World;
 
 class Collectives : public ::testing::TestWithParam<int> {};
 

@@ -80,3 +80,30 @@ def case_errors(world_results, case: str) -> list[str]:
         elif value.get(case):
             errors.append(f"rank {rank}: {value[case]}")
     return errors
+
+
+def matrix_tests(target, cases: list[str], worlds: list[int], env: dict, timeout: float):
+    """A case matrix as pytest tests. Returns (fixture, test_case,
+    test_every_rank_finished) to bind at module level: the module-scoped
+    fixture runs target(rank, world, cases) once per world size (each rank
+    returns {case: error or None}), test_case(case) is one test per case,
+    and test_every_rank_finished fails if a rank died or left a case out."""
+    import pytest
+
+    @pytest.fixture(scope="module", params=worlds, ids=lambda w: f"{w}ranks")
+    def world_results(request):
+        world = request.param
+        return world, run_ranks(world, target, cases, env=env, timeout=timeout)
+
+    @pytest.mark.parametrize("case", cases)
+    def test_case(world_results, case):
+        errors = case_errors(world_results, case)
+        assert not errors, "\n".join(errors)
+
+    def test_every_rank_finished(world_results):
+        world, results = world_results
+        for rank, (status, value) in enumerate(results):
+            assert status == "ok", f"rank {rank}: {value}"
+            assert set(cases) <= set(value), f"rank {rank}: cases missing from the report"
+
+    return world_results, test_case, test_every_rank_finished

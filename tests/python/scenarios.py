@@ -334,3 +334,23 @@ def scale(rank, world, cases):
     fds = len(os.listdir("/proc/self/fd"))
     dist.destroy_process_group()
     return {"failures": failures, "threads": threads, "thread_names": names, "fds": fds}
+
+
+def monitored_barrier(rank, world):
+    """dist.monitored_barrier: passes when everyone comes; ranks 2 and up
+    come late twice (once with wait_all_ranks); the group goes on."""
+    _init(timeout_s=60)
+    out = {"pass": _error_of(lambda: [dist.monitored_barrier(timeout=datetime.timedelta(seconds=20))
+                                      for _ in range(3)])}
+    for key, wait_all in (("first", False), ("all", True)):
+        if rank >= 2:
+            time.sleep(4)
+        start = time.time()
+        out[key] = _error_of(lambda: dist.monitored_barrier(timeout=datetime.timedelta(seconds=2),
+                                                            wait_all_ranks=wait_all))
+        out[key + "_seconds"] = time.time() - start
+        dist.barrier()
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    return out

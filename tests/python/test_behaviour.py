@@ -202,3 +202,18 @@ def test_temporaries_are_staged_not_registered_on_every_call():
         assert v["ok"], f"rank {rank}: wrong results"
         # Only `dense` is registered (once): 80 operations, 20 of them on temporaries before.
         assert v["misses"] <= 2, f"rank {rank}: {v['misses']} registrations for 80 operations"
+
+
+def test_monitored_barrier_names_the_ranks_that_did_not_come():
+    values = ok_values(run_ranks(4, scenarios.monitored_barrier, timeout=180))
+    for rank, v in enumerate(values):
+        assert v["pass"] == "", f"rank {rank}: {v['pass']}"
+        assert v["after"] == [6.0] * 3, f"rank {rank}: the group must go on"
+        assert v["first_seconds"] < 15 and v["all_seconds"] < 15, f"rank {rank}: {v}"
+    r0, r1 = values[0], values[1]
+    assert "rank 2 failed to pass the barrier" in r0["first"], r0["first"]
+    assert "ranks 2, 3 failed to pass the barrier" in r0["all"], r0["all"]
+    for key in ("first", "all"):  # rank 1 came in time: rank 0 tells it who did not
+        assert "rank(s) 2, 3 failed to pass the barrier" in r1[key], r1[key]
+        for late in values[2:]:
+            assert "did not hear from rank 0" in late[key], late[key]

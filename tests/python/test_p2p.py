@@ -3,26 +3,13 @@ dtype and size through isend/irecv, blocking send/recv, tags matched in
 order, recv from any source, either side posting first, non-contiguous
 tensors, batch_isend_irecv, many messages beside collectives; bad ranks,
 mismatched sizes and unmatched messages are clear errors, never hangs."""
-import pytest
-
 import p2p_workers
-from launcher import case_errors, run_ranks
+from launcher import matrix_tests, run_ranks
 
-WORLDS = [2, 3]
-CASES = p2p_workers.cases()
 ENV = {"MAESTRO_CHUNK_SIZE": "16K"}
 
-
-@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"{w}ranks")
-def world_results(request):
-    world = request.param
-    return world, run_ranks(world, p2p_workers.matrix, CASES, env=ENV, timeout=600)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_p2p(world_results, case):
-    errors = case_errors(world_results, case)
-    assert not errors, "\n".join(errors)
+world_results, test_p2p, test_every_rank_finished = matrix_tests(
+    p2p_workers.matrix, p2p_workers.cases(), [2, 3], ENV, timeout=600)
 
 
 def test_unmatched_messages_time_out_and_leave_the_group_usable():

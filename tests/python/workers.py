@@ -37,6 +37,9 @@ def cases() -> list[str]:
     out += ["barrier", "allreduce-noncontiguous", "broadcast-noncontiguous", "all_gather-noncontiguous-outputs",
             "reduce_scatter_tensor-noncontiguous-output", "all_gather_into_tensor-view-of-storage",
             "allreduce_coalesced", "broadcast-root0", "allreduce-async-overlap"]
+    out += [f"{kind}-{dt}" for kind in ("all_gather_coalesced", "all_gather_into_tensor_coalesced",
+                                        "reduce_scatter_tensor_coalesced") for dt in ("float32", "int64", "bfloat16")]
+    out += ["all_gather_into_tensor_coalesced-noncontiguous"]
     return out
 
 
@@ -142,6 +145,40 @@ def run_case(name: str, rank: int, world: int) -> None:
             check(f"{name}[{i}]", ts[i], fold("sum", [data(r, 20000 + i, torch.float32, salt=i) for r in range(world)], world))
         return
 
+    if kind in ("all_gather_coalesced", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"):
+        # Several tensors of different shapes (one empty) in one collective;
+        # the tensor forms through torch's coalescing manager.
+        dt = torch.float32 if parts[1] == "noncontiguous" else DTYPES[parts[1]]
+        shapes = [(3,), (4, 5), (0,), (7, 1)]
+        sizes = [int(torch.tensor(s).prod()) for s in shapes]
+        if kind == "reduce_scatter_tensor_coalesced":
+            xs = [[data(r, n * world, dt, salt=i) for i, n in enumerate(sizes)] for r in range(world)]
+            outs = [torch.empty(n, dtype=dt) for n in sizes]
+            with dist._coalescing_manager():
+                for out, x in zip(outs, xs[rank]):
+                    dist.reduce_scatter_tensor(out, x.clone())
+            for i, n in enumerate(sizes):
+                check(f"{name}[{i}]", outs[i], fold("sum", [xs[r][i][rank * n:(rank + 1) * n] for r in range(world)], world))
+            return
+        ins = [data(rank, n, dt, salt=i).view(s) for i, (n, s) in enumerate(zip(sizes, shapes))]
+        want = [[data(r, n, dt, salt=i).view(s) for r in range(world)] for i, (n, s) in enumerate(zip(sizes, shapes))]
+        if kind == "all_gather_coalesced":
+            outs = [[torch.empty(s, dtype=dt) for _ in range(world)] for s in shapes]
+            dist.all_gather_coalesced(outs, ins)
+            for i in range(len(shapes)):
+                for r in range(world):
+                    check(f"{name}[{i}][{r}]", outs[i][r], want[i][r])
+            return
+        if parts[1] == "noncontiguous":
+            outs = [torch.zeros(2 * n * world, dtype=dt)[::2] for n in sizes]
+        else:
+            outs = [torch.empty(n * world, dtype=dt) for n in sizes]
+        with dist._coalescing_manager():
+            for out, x in zip(outs, ins):
+                dist.all_gather_into_tensor(out, x)
+        for i in range(len(shapes)):
+            check(f"{name}[{i}]", outs[i], torch.cat([w.reshape(-1) for w in want[i]]))
+        return
     if kind in ("allreduce", "reduce_scatter", "reduce_scatter_tensor"):
         op, dt, n = parts[1], DTYPES[parts[2]], int(parts[3])
         prod = op == "product"
