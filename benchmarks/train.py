@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import hashlib
 import json
 import os
@@ -511,9 +512,21 @@ def main(argv=None) -> int:
                 with open(args.json, "w") as f:
                     json.dump(result, f, indent=1)
     finally:
+        # DDP's reducer holds the process group; if the model sits in a
+        # reference cycle, only the interpreter's finalisation would free it,
+        # and a gloo group torn down then can abort the process (SIGABRT,
+        # "terminate called without an active exception") after a run that
+        # succeeded. Free it now, while the interpreter is whole.
+        gc.collect()
         dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything is reported and every group destroyed: leave without the
+    # interpreter's finalisation, where gloo's worker threads may still
+    # destroy tensors and abort the process (seen under load).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
