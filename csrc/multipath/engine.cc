@@ -892,10 +892,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         PathSlot& slot = p.paths[slot_index];
         slot.hunt.active = true;
         slot.hunt.since = Clock::now();
-        std::deque<ChunkDesc*> queued;
-        queued.swap(slot.queue);
-        for (ChunkDesc* c : queued) enqueue(p, c);
-        pumpAll(p);
+        requeue(p, slot);
         break;
       }
       case ControlType::kHuntAsk:
@@ -1158,11 +1155,15 @@ void Engine::doubt(Peer& p, int path) {
   }
   // What waits on it moves now, as if it were down; if it answers, the
   // duplicates are harmless (control messages are idempotent by key).
+  requeue(p, slot);
+  resendUnconfirmed(p, slot);
+}
+
+void Engine::requeue(Peer& p, PathSlot& slot) {
   std::deque<ChunkDesc*> queued;
   queued.swap(slot.queue);
   for (ChunkDesc* c : queued) enqueue(p, c);
   pumpAll(p);
-  resendUnconfirmed(p, slot);
 }
 
 // ---------------------------------------------------------------- monitor
@@ -1369,17 +1370,16 @@ std::vector<uint16_t> Engine::reservePorts(int peer, int id) {
   return ports;
 }
 
-void Engine::releasePorts(int peer, int id, const std::vector<uint16_t>& ports, uint16_t keep,
-                          const std::vector<uint16_t>& keep_too) {
+void Engine::releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep) {
   const std::string& addr = mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()];
   for (uint16_t port : ports)
-    if (port != keep && std::find(keep_too.begin(), keep_too.end(), port) == keep_too.end())
-      mesh_.transport->releasePort(addr, port);
+    if (std::find(keep.begin(), keep.end(), port) == keep.end()) mesh_.transport->releasePort(addr, port);
 }
 
 std::vector<std::string> Engine::probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener) {
   std::vector<transport::RouteProbe> probes;
-  const std::string& listener = (opener ? mesh_.endpoints[peer] : mesh_.endpoints[rank_])[id % mesh_.endpoints[rank_].size()];
+  const std::vector<std::string>& listeners = mesh_.endpoints[opener ? peer : rank_];
+  const std::string& listener = listeners[id % listeners.size()];
   const std::string& opener_addr =
       opener ? mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()]
              : mesh_.peer_vnics[peer][id % mesh_.peer_vnics[peer].size()];
@@ -1422,7 +1422,7 @@ void Engine::runHunt(const HuntJob& job) {
       std::vector<uint16_t> ports = reservePorts(peer, id);
       std::vector<std::string> hops = probeCandidates(peer, id, ports, true);
       int pick = pickRoute(hops, otherRoutes(peer, id));
-      releasePorts(peer, id, ports, pick >= 0 ? ports[pick] : 0);
+      releasePorts(peer, id, ports, pick >= 0 ? std::vector<uint16_t>{ports[pick]} : std::vector<uint16_t>{});
       if (pick < 0) {
         MAESTRO_INFO("path hunting: none of ", ports.size(), " candidate ports of path ", id, " to rank ", peer,
                      " avoids the other paths' core hops; it stays");
@@ -1453,7 +1453,7 @@ void Engine::runHunt(const HuntJob& job) {
         if (pickRoute({hops[i]}, avoid) == 0) good.push_back(ports[i]);
       }
       if (good.empty()) good = ports;
-      releasePorts(peer, id, ports, 0, good);
+      releasePorts(peer, id, ports, good);
       offers_[key] = {good, route, Clock::now()};
       sendControl(peer, ControlType::kHuntOffer, 0, static_cast<uint32_t>(id), good.data(), 2 * good.size());
       return;
@@ -1481,7 +1481,7 @@ void Engine::runHunt(const HuntJob& job) {
       offers_.erase(it);
       const uint16_t port = job.ports.empty() ? 0 : job.ports[0];
       const bool ours = port != 0 && std::find(offer.ports.begin(), offer.ports.end(), port) != offer.ports.end();
-      releasePorts(peer, id, offer.ports, ours ? port : 0);
+      releasePorts(peer, id, offer.ports, ours ? std::vector<uint16_t>{port} : std::vector<uint16_t>{});
       if (!ours) return;  // nothing better (or not a port we offered)
       reopenPath(peer, id, port, offer.route[port]);
       return;
@@ -1511,10 +1511,7 @@ void Engine::reopenPath(int peer, int id, uint16_t port, const std::string& rout
     slot.hunt.active = true;
     slot.hunt.since = Clock::now();
     slot.hunt.next_route = route;
-    std::deque<ChunkDesc*> queued;
-    queued.swap(slot.queue);
-    for (ChunkDesc* c : queued) enqueue(p, c);
-    pumpAll(p);
+    requeue(p, slot);
   }
   notify();
   // What is in flight completes on the old route (bounded: a write stuck

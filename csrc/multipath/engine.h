@@ -231,6 +231,7 @@ class Engine : public transport::CompletionSink {
   static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void doubt(Peer& peer, int slot);                                // peer.mu held: the peer says it is dead
+  void requeue(Peer& peer, PathSlot& slot);  // peer.mu held: what waits on the path moves to its siblings
   double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
   void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
@@ -254,9 +255,8 @@ class Engine : public transport::CompletionSink {
   // The core hops of the peer's other paths, and (own_too) of this one.
   std::vector<std::string> otherRoutes(int peer, int id, bool own_too = true);
   std::vector<uint16_t> reservePorts(int peer, int id);
-  // Give back the reserved `ports`, except `keep` and those in `keep_too`.
-  void releasePorts(int peer, int id, const std::vector<uint16_t>& ports, uint16_t keep = 0,
-                    const std::vector<uint16_t>& keep_too = {});
+  // Give back the reserved `ports`, except those in `keep`.
+  void releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep = {});
   struct SentControl;
   void postControl(Peer& peer, std::vector<uint8_t> msg, bool reliable);  // peer.mu held
 
