@@ -100,9 +100,11 @@ def run_ranks(lab, argv: list[str], *, hosts=None, env=None, timeout=900, on_rea
         ranks.wait_for_line(0, "READY", timeout)
         on_ready(time.monotonic(), ranks)
     results = ranks.wait(timeout)
-    for r in results:
-        if r.returncode != 0:
-            raise RuntimeError(f"rank {r.rank} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    failed = [r for r in results if r.returncode != 0]
+    if failed:
+        # Every failed rank's tail: the first to time out is often only the
+        # one waiting on the rank that is stuck.
+        raise RuntimeError("\n".join(f"rank {r.rank} failed ({r.returncode}):\n{r.stderr[-4000:]}" for r in failed))
     lines = [l for l in results[0].stdout.splitlines() if l.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"rank 0 printed no RESULT:\n{results[0].stdout[-2000:]}")
