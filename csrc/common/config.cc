@@ -204,7 +204,7 @@ std::vector<Knob> buildKnobs() {
        [](const Config& c) { return std::string(c.busy_poll ? "1" : "0"); },
        [](Config& c, const std::string& v) { c.busy_poll = parseBool("MAESTRO_BUSY_POLL", v); }},
       {"path_timeout", "MAESTRO_PATH_TIMEOUT", "2",
-       "seconds a path may hold chunks without progress before it is declared down", false,
+       "seconds a path may hold chunks without progress before it is declared down (an idle path: twice this without an answer to its probe)", false,
        [](const Config& c) { return strcat(c.path_timeout); },
        [](Config& c, const std::string& v) {
          c.path_timeout = parseSeconds("MAESTRO_PATH_TIMEOUT", v, 0.05, 3600);

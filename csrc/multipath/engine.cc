@@ -88,6 +88,7 @@ struct Engine::PathSlot {
   double rtt = 0;            // EWMA probe RTT
   Clock::time_point ping_sent{};
   bool ping_outstanding = false;
+  Clock::time_point last_arrival{};  // the peer's last write that landed through this path
   // Control messages posted here and not yet known to have arrived. The path
   // is ordered, so a completion of a write posted later, or the pong of a
   // ping posted later, proves delivery; if the path dies first they are
@@ -592,6 +593,7 @@ void Engine::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {
       PathSlot& slot = p.paths[slot_index];
       slot.bytes_received += length;
       slot.chunks_received++;
+      slot.last_arrival = Clock::now();
     }
     p.last_heard = Clock::now();
     // Only the current operation's chunks can be legitimate: a peer writes
@@ -1254,6 +1256,16 @@ void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
       else if (s.doubted && seconds(now - s.doubted_since) > doubtWindow(s))
         to_close.emplace_back(s.id, strcat("rank ", peer, " found it dead, and it has not answered a probe for ",
                                            doubtWindow(s), " s"));
+      // An idle path has no chunks to stall, so only its probe tells: one
+      // unanswered for twice path_timeout, while nothing else came through
+      // it (a pong may queue behind the peer's data on a busy path) and the
+      // peer was heard elsewhere since, is dead. Left up, it would keep the
+      // control messages that went on it before it died unconfirmed, and
+      // so never re-sent, and the scheduler would count on it.
+      else if (s.ping_outstanding && seconds(now - s.ping_sent) > 2 * config_.path_timeout &&
+               s.last_progress < s.ping_sent && s.last_arrival < s.ping_sent && p.last_heard > s.ping_sent)
+        to_close.emplace_back(s.id, strcat("its probe has had no answer for ", 2 * config_.path_timeout,
+                                           " s while rank ", peer, " answers on other paths"));
       if (probe && !s.ping_outstanding) {
         s.ping_outstanding = true;
         s.ping_sent = now;

@@ -14,7 +14,9 @@
 //   failover  a chunk flushed by a failed path is re-assigned to a live one;
 //             the receiver counts it once even if both copies land.
 //   monitor   per-path throughput, chunk completion time, probe RTT; a path
-//             holding chunks without progress for path_timeout is closed.
+//             holding chunks without progress for path_timeout is closed,
+//             and so is an idle one whose probe stays unanswered for twice
+//             that while the peer answers elsewhere.
 //
 // Threads: transport threads deliver completions (CompletionSink); one
 // collective thread drives write()/expect() and sleeps in waitEvent(), which

@@ -77,6 +77,39 @@ def test_spine_link_cut_mid_allreduce_fails_over_and_recovers():
     assert sum(p["resent"] for it in ranks[3][-1:] for p in it["paths"]) > 0, "no chunk was moved off the cut path"
 
 
+def test_spine_link_cut_while_idle_is_found_by_probes_alone():
+    # No chunk is in flight when the link goes: only the probes cross the
+    # cut paths, so only an unanswered probe can show they are dead (a path
+    # left "up" would swallow a control message sent on it and count in the
+    # scheduler). Every other path stays up; the cut ones come back with the
+    # link, and an allreduce afterwards is exact.
+    timeout = 1  # MAESTRO_PATH_TIMEOUT: an idle path is declared down after twice this
+    with lab("ti", mode="pinned") as l, __import__("tempfile").TemporaryDirectory() as signals:
+        ranks = labrun.start(l, ["tests/python/idle_cut_worker.py", signals, "1", "30"],
+                             env={"MAESTRO_PATH_TIMEOUT": str(timeout)})
+        for r in range(4):
+            ranks.wait_for_line(r, "READY", 120)
+        l.link_down(0, 1)  # L0-s1
+        open(os.path.join(signals, "cut"), "w").close()
+        try:
+            for r in range(4):
+                ranks.wait_for_line(r, "DETECTED", 60)
+        except (RuntimeError, TimeoutError) as e:
+            pytest.fail(f"{e}\n" + "\n".join(f"rank {r.rank}:\n{r.stderr[-3000:]}" for r in ranks.wait(10)))
+        l.link_up(0, 1)
+        open(os.path.join(signals, "restored"), "w").close()
+        results = ranks.wait(120)
+    for r in results:
+        assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-4000:]}"
+    res = [json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT "):])
+           for r in results]
+    for rank, x in enumerate(res):
+        assert all(x["ok"]), f"rank {rank}: an allreduce was wrong: {x}"
+        assert x["others_stayed_up"], f"rank {rank}: a path that was not cut went down: {x['states_when_detected']}"
+        # 2 x path timeout after the first unanswered probe (one probe interval at most).
+        assert x["detected_s"] < 2 * timeout + 3, f"rank {rank}: the cut paths took {x['detected_s']:.1f} s to be seen down"
+
+
 def test_ecmp_discovery_picks_disjoint_spines():
     with lab("te", mode="ecmp") as l:
         res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "discover", "--trials", "3"], timeout=600))
