@@ -110,7 +110,20 @@ ReduceOp toReduceOp(const ::c10d::ReduceOp& op, at::ScalarType dtype) {
     case ::c10d::ReduceOp::PRODUCT: return ReduceOp::kProduct;
     case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
     case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
-    default: fail("reduce op ", static_cast<int>(op.op_), " is not supported by maestro (supported: SUM, AVG, PRODUCT, MIN, MAX)");
+    case ::c10d::ReduceOp::BAND:
+    case ::c10d::ReduceOp::BOR:
+    case ::c10d::ReduceOp::BXOR: {
+      const ReduceOp bitwise = op.op_ == ::c10d::ReduceOp::BAND ? ReduceOp::kBand
+                               : op.op_ == ::c10d::ReduceOp::BOR ? ReduceOp::kBor
+                                                                 : ReduceOp::kBxor;
+      MAESTRO_CHECK(collectives::defined(bitwise, toDType(dtype)), "ReduceOp.",
+                    bitwise == ReduceOp::kBand ? "BAND" : bitwise == ReduceOp::kBor ? "BOR" : "BXOR",
+                    " is defined for integer and bool tensors only, not ", c10::toString(dtype));
+      return bitwise;
+    }
+    default:
+      fail("reduce op ", op.op_ == ::c10d::ReduceOp::PREMUL_SUM ? "PREMUL_SUM" : std::to_string(op.op_).c_str(),
+           " is not supported by maestro (supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
   }
 }
 

@@ -65,12 +65,28 @@ void reduceTyped(ReduceOp op, T* __restrict d, const T* __restrict s, size_t n) 
     case ReduceOp::kMax:
       for (size_t i = 0; i < n; ++i) d[i] = nanMax(d[i], s[i]);
       return;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ReduceOp::kBand) for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] & s[i]);
+        else if (op == ReduceOp::kBor) for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] | s[i]);
+        else for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] ^ s[i]);
+        return;
+      } else {
+        fail("reduce op ", reduceOpName(op), " is not defined for floating-point tensors");
+      }
   }
 }
 
-// bool: SUM/MAX = logical or, PRODUCT/MIN = logical and (torch's semantics).
+// bool: SUM/MAX/BOR = logical or, PRODUCT/MIN/BAND = logical and (torch's
+// semantics), BXOR = exclusive or.
 void reduceBool(ReduceOp op, uint8_t* d, const uint8_t* s, size_t n) {
-  bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kAvg;
+  if (op == ReduceOp::kBxor) {
+    for (size_t i = 0; i < n; ++i) d[i] = (!d[i] != !s[i]) ? 1 : 0;
+    return;
+  }
+  bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kAvg || op == ReduceOp::kBor;
   if (is_or) {
     for (size_t i = 0; i < n; ++i) d[i] = (d[i] | s[i]) ? 1 : 0;
   } else {
@@ -150,8 +166,24 @@ const char* reduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProduct: return "product";
+    case ReduceOp::kBand: return "band";
+    case ReduceOp::kBor: return "bor";
+    case ReduceOp::kBxor: return "bxor";
   }
   return "?";
+}
+
+bool isBitwise(ReduceOp op) { return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor; }
+
+bool defined(ReduceOp op, DType dtype) {
+  if (!isBitwise(op)) return true;
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kFloat16:
+    case DType::kBFloat16: return false;
+    default: return true;
+  }
 }
 
 float halfToFloat(uint16_t h) {

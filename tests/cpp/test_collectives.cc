@@ -55,7 +55,8 @@ TEST_P(Collectives, AllreduceEveryOpOnInt64) {
   World w(n);
   uint64_t seq = 1;
   const uint64_t count = 5001;
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct,
+                      ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
     std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(count));
     for (int r = 0; r < n; ++r)
       for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<int64_t>((i * 31 + r * 17) % 97) - 40;
@@ -73,6 +74,9 @@ TEST_P(Collectives, AllreduceEveryOpOnInt64) {
         if (op == ReduceOp::kMin) acc = std::min(acc, v);
         if (op == ReduceOp::kMax) acc = std::max(acc, v);
         if (op == ReduceOp::kProduct) acc *= v;
+        if (op == ReduceOp::kBand) acc &= v;
+        if (op == ReduceOp::kBor) acc |= v;
+        if (op == ReduceOp::kBxor) acc ^= v;
       }
       if (op == ReduceOp::kAvg) acc /= n;
       for (int r = 0; r < n; ++r) ASSERT_EQ(acc, data[r][i]) << reduceOpName(op) << " rank " << r << " i " << i;

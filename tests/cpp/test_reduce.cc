@@ -79,6 +79,56 @@ TEST(Reduce, EveryOpOnEveryPlainDtype) {
   checkOps<uint8_t>(DType::kUInt8);
 }
 
+template <typename T>
+void checkBitwise(DType dt) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> d(-128, 127);
+  const size_t n = 333;
+  std::vector<T> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<T>(d(rng));
+    b[i] = static_cast<T>(d(rng));
+  }
+  for (ReduceOp op : {ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
+    ASSERT_TRUE(defined(op, dt));
+    std::vector<T> x = a;
+    reduceInto(dt, op, x.data(), b.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      T want = op == ReduceOp::kBand ? static_cast<T>(a[i] & b[i])
+               : op == ReduceOp::kBor ? static_cast<T>(a[i] | b[i])
+                                      : static_cast<T>(a[i] ^ b[i]);
+      ASSERT_EQ(want, x[i]) << dtypeName(dt) << " " << reduceOpName(op) << " at " << i;
+    }
+  }
+}
+
+TEST(Reduce, BitwiseOpsOnIntegersAndBool) {
+  checkBitwise<int8_t>(DType::kInt8);
+  checkBitwise<int16_t>(DType::kInt16);
+  checkBitwise<int32_t>(DType::kInt32);
+  checkBitwise<int64_t>(DType::kInt64);
+  checkBitwise<uint8_t>(DType::kUInt8);
+  // bool: and, or, xor over every pair.
+  const uint8_t a[4] = {0, 0, 1, 1}, b[4] = {0, 1, 0, 1};
+  const uint8_t want_and[4] = {0, 0, 0, 1}, want_or[4] = {0, 1, 1, 1}, want_xor[4] = {0, 1, 1, 0};
+  for (auto [op, want] : {std::pair{ReduceOp::kBand, want_and}, std::pair{ReduceOp::kBor, want_or},
+                          std::pair{ReduceOp::kBxor, want_xor}}) {
+    uint8_t x[4];
+    std::memcpy(x, a, 4);
+    reduceInto(DType::kBool, op, x, b, 4);
+    EXPECT_EQ(0, std::memcmp(x, want, 4)) << reduceOpName(op);
+  }
+}
+
+TEST(Reduce, BitwiseOpsAreRefusedOnFloatingPoint) {
+  for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    EXPECT_FALSE(defined(ReduceOp::kBor, dt)) << dtypeName(dt);
+    EXPECT_TRUE(defined(ReduceOp::kSum, dt));
+  }
+  float a[1] = {1}, b[1] = {2};
+  EXPECT_THROW(reduceInto(DType::kFloat32, ReduceOp::kBxor, a, b, 1), std::exception);
+}
+
 TEST(Reduce, IntegersWrapLikeTorch) {
   int8_t a[2] = {127, -128}, b[2] = {1, -1};
   reduceInto(DType::kInt8, ReduceOp::kSum, a, b, 2);

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import workers
 from p2p_workers import payload
 from scenarios import _error_of
-from workers import OPS, check, fold
+from workers import ALL_OPS, BITWISE, INTEGER_DTYPES, OPS, check, fold
 
 DTYPES = {**workers.DTYPES, "bool": torch.bool}
 SIZES = [0, 1, 100003, 1048583]
@@ -34,6 +34,7 @@ def cases() -> list[str]:
         out += [f"all_to_all_single-{dt}-{n}" for n in SIZES]
         out += [f"all_to_all_single_uneven-{dt}-{n}" for n in SIZES[:3]]
     out += [f"reduce-{op}-float32-{n}-{root}" for op in OPS for n in (1, 1048583) for root in ROOTS]
+    out += [f"reduce-{op}-{dt}-{n}-last" for op in BITWISE for dt in INTEGER_DTYPES for n in SIZES[1:3]]
     out += ["all_to_all-uneven-list", "all_to_all_single-moe", "all_to_all_single-2d", "all_to_all_single-inplace",
             "gather_object", "scatter_object_list", "all_gather_object", "reduce-noncontiguous",
             "gather-noncontiguous", "scatter-noncontiguous", "all_to_all_single-noncontiguous",
@@ -69,7 +70,7 @@ def run_case(name: str, rank: int, world: int) -> None:
         prod = op == "product"
         xs = [payload(r, n, dt) if dt == torch.bool else workers.data(r, n, dt, prod) for r in range(world)]
         t = xs[rank].clone()
-        dist.reduce(t, dst=root, op=OPS[op])
+        dist.reduce(t, dst=root, op=ALL_OPS[op])
         check(name, t, fold(op, xs, world) if rank == root else xs[rank])  # the others' tensors unchanged
         return
     if kind in ("gather", "scatter") and len(parts) == 4:

@@ -68,12 +68,13 @@ def sparse_tensor(rank, world):
 
 def unsupported_op(rank, world):
     _init()
-    err = _error_of(lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND))
+    err = _error_of(lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND))
     # Every rank refused it before anything moved: the group goes on.
     t = torch.full((4,), float(rank))
     later = _error_of(lambda: dist.all_reduce(t))
+    premul = dist._make_nccl_premul_sum(2.0) if hasattr(dist, "_make_nccl_premul_sum") else dist.ReduceOp.UNUSED
     err2 = _error_of(lambda: dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.int8),
-                                                        torch.ones(2 * world, dtype=torch.int8), op=dist.ReduceOp.BXOR))
+                                                        torch.ones(2 * world, dtype=torch.int8), op=premul))
     b = torch.full((3,), float(rank))
     later2 = _error_of(lambda: dist.broadcast(b, src=world - 1))
     return {"error": err, "later": later, "result": t.tolist(), "error2": err2, "later2": later2,

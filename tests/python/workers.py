@@ -19,6 +19,12 @@ DTYPES = {
 }
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
        "product": dist.ReduceOp.PRODUCT}
+# Bitwise ops: integers and bool; bool also under the arithmetic ops
+# (SUM/MAX = or, PRODUCT/MIN = and, as torch defines them).
+BITWISE = {"band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR}
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
+ALL_DTYPES = {**DTYPES, "bool": torch.bool}
+ALL_OPS = {**OPS, **BITWISE}
 # 0, 1, a prime not divisible by ranks x chunks, and several MB.
 SIZES = [0, 1, 100003, 1048583]
 RS_SIZES = [0, 1, 100003, 262147]  # per rank (the input is world x this)
@@ -34,6 +40,11 @@ def cases() -> list[str]:
         out += [f"all_gather-{dt}-{n}" for n in RS_SIZES]
         out += [f"all_gather_into_tensor-{dt}-{n}" for n in RS_SIZES]
         out += [f"broadcast-{dt}-{n}" for n in SIZES]
+    for dt in INTEGER_DTYPES:
+        for op in list(BITWISE) + (["sum", "min", "max", "product"] if dt == "bool" else []):
+            out += [f"allreduce-{op}-{dt}-{n}" for n in (1, 100003)]
+            out += [f"reduce_scatter_tensor-{op}-{dt}-{n}" for n in (1, 100003)]
+    out += [f"broadcast-bool-{n}" for n in (1, 100003)] + [f"all_gather_into_tensor-bool-{n}" for n in (1, 100003)]
     out += ["barrier", "allreduce-noncontiguous", "broadcast-noncontiguous", "all_gather-noncontiguous-outputs",
             "reduce_scatter_tensor-noncontiguous-output", "all_gather_into_tensor-view-of-storage",
             "allreduce_coalesced", "broadcast-root0", "allreduce-async-overlap"]
@@ -45,6 +56,8 @@ def cases() -> list[str]:
 
 def data(rank: int, n: int, dtype: torch.dtype, product: bool = False, salt: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000003 * rank + 7919 * n + salt)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
     if product:
         v = torch.tensor([-2, -1, 1, 2])[torch.randint(0, 4, (n,), generator=g)]
         if dtype == torch.uint8:
@@ -64,6 +77,12 @@ def fold(op: str, xs: list[torch.Tensor], world: int) -> torch.Tensor:
             ref = ref * x
         elif op == "min":
             ref = torch.minimum(ref, x)
+        elif op == "band":
+            ref = torch.bitwise_and(ref, x)
+        elif op == "bor":
+            ref = torch.bitwise_or(ref, x)
+        elif op == "bxor":
+            ref = torch.bitwise_xor(ref, x)
         else:
             ref = torch.maximum(ref, x)
     if op == "avg":
@@ -180,12 +199,12 @@ def run_case(name: str, rank: int, world: int) -> None:
             check(f"{name}[{i}]", outs[i], torch.cat([w.reshape(-1) for w in want[i]]))
         return
     if kind in ("allreduce", "reduce_scatter", "reduce_scatter_tensor"):
-        op, dt, n = parts[1], DTYPES[parts[2]], int(parts[3])
+        op, dt, n = parts[1], ALL_DTYPES[parts[2]], int(parts[3])
         prod = op == "product"
         if kind == "allreduce":
             xs = [data(r, n, dt, prod) for r in range(world)]
             t = xs[rank].clone()
-            dist.all_reduce(t, op=OPS[op])
+            dist.all_reduce(t, op=ALL_OPS[op])
             check(name, t, fold(op, xs, world))
         else:
             xs = [data(r, n * world, dt, prod) for r in range(world)]
@@ -194,15 +213,15 @@ def run_case(name: str, rank: int, world: int) -> None:
             before = xs[rank].clone()
             if kind == "reduce_scatter":
                 dist.reduce_scatter(out, list(xs[rank].clone().chunk(world)) if n else
-                                    [torch.empty(0, dtype=dt) for _ in range(world)], op=OPS[op])
+                                    [torch.empty(0, dtype=dt) for _ in range(world)], op=ALL_OPS[op])
             else:
                 inp = xs[rank].clone()
-                dist.reduce_scatter_tensor(out, inp, op=OPS[op])
+                dist.reduce_scatter_tensor(out, inp, op=ALL_OPS[op])
                 check(name + " (input untouched)", inp, before)
             check(name, out, want)
         return
     if kind in ("all_gather", "all_gather_into_tensor"):
-        dt, n = DTYPES[parts[1]], int(parts[2])
+        dt, n = ALL_DTYPES[parts[1]], int(parts[2])
         x = data(rank, n, dt)
         want = [data(r, n, dt) for r in range(world)]
         if kind == "all_gather":
@@ -216,7 +235,7 @@ def run_case(name: str, rank: int, world: int) -> None:
             check(name, out, torch.cat(want))
         return
     if kind == "broadcast":
-        dt, n = DTYPES[parts[1]], int(parts[2])
+        dt, n = ALL_DTYPES[parts[1]], int(parts[2])
         t = data(rank, n, dt)
         dist.broadcast(t, src=world - 1)
         check(name, t, data(world - 1, n, dt))
