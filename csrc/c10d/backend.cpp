@@ -305,6 +305,7 @@ std::map<std::string, double> ProcessGroupMaestro::cacheStats() const {
 // ---------------------------------------------------------------- plumbing
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::enqueue(::c10d::OpType type, const char* name,
+                                                              std::chrono::milliseconds timeout,
                                                               std::vector<at::Tensor> outputs,
                                                               std::vector<at::Tensor> inputs, Job job) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -313,7 +314,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::enqueue(::c10d::OpType typ
                     "); create a new process group");
   uint64_t seq = ++seq_;
   auto work = c10::make_intrusive<MaestroWork>(getRank(), type, seq, name, std::move(outputs), std::move(inputs));
-  queue_.push_back(Pending{seq, work, std::move(job)});
+  queue_.push_back(Pending{seq, work, std::move(job), timeout});
   cv_.notify_all();
   return work;
 }
@@ -356,7 +357,8 @@ void ProcessGroupMaestro::workerLoop() {
                                                    broken_what_, "); create a new process group")));
     } else {
       try {
-        p.job(p.seq, deadlineAfter(timeout_.load()));
+        // The call's own timeout (opts.timeout) where it set one, else the group's.
+        p.job(p.seq, deadlineAfter(p.timeout == ::c10d::kUnsetTimeout ? timeout_.load() : p.timeout));
       } catch (const std::exception& e) {
         error = std::current_exception();
         std::lock_guard<std::mutex> lock(mu_);
@@ -441,7 +443,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::
     reject("allreduce", e.what());
   }
   at::Tensor tensor = tensors[0];
-  return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", {tensor}, {tensor},
+  return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", opts.timeout, {tensor}, {tensor},
                  [this, tensor, op](uint64_t seq, Deadline deadline) {
                    inPlace(tensor, [&](const collectives::Window& w) {
                      collectives::allreduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op,
@@ -463,7 +465,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
   } catch (const Error& e) {
     reject("allreduce_coalesced", e.what());
   }
-  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "maestro:all_reduce_coalesced", tensors, tensors,
+  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "maestro:all_reduce_coalesced", opts.timeout, tensors, tensors,
                  [this, tensors, op](uint64_t seq, Deadline deadline) {
                    int64_t total = 0;
                    for (const auto& t : tensors) total += t.numel();
@@ -495,7 +497,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::
   }
   at::Tensor tensor = tensors[0];
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(::c10d::OpType::BROADCAST, "maestro:broadcast", {tensor}, {tensor},
+  return enqueue(::c10d::OpType::BROADCAST, "maestro:broadcast", opts.timeout, {tensor}, {tensor},
                  [this, tensor, root](uint64_t seq, Deadline deadline) {
                    inPlace(tensor, [&](const collectives::Window& w) {
                      collectives::broadcast(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), root,
@@ -505,7 +507,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tensor& output, at::Tensor& input,
-                                                                        const ::c10d::AllgatherOptions&) {
+                                                                        const ::c10d::AllgatherOptions& opts) {
   try {
     checkTensor(input, "the input");
     checkTensor(output, "the output");
@@ -517,7 +519,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tens
     reject("all_gather_into_tensor", e.what());
   }
   at::Tensor out = output, in = input;
-  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "maestro:all_gather_into_tensor", {out}, {in},
+  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "maestro:all_gather_into_tensor", opts.timeout, {out}, {in},
                  [this, out, in](uint64_t seq, Deadline deadline) {
                    at::Tensor src = in.contiguous();  // read locally, never registered
                    if (out.is_contiguous()) {
@@ -535,7 +537,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tens
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
-                                                                const ::c10d::AllgatherOptions&) {
+                                                                const ::c10d::AllgatherOptions& opts) {
   try {
     checkOne(inputs, "allgather");
     MAESTRO_CHECK(outputs.size() == 1, "allgather takes one output list per process (got ", outputs.size(), ")");
@@ -552,7 +554,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std:
   }
   std::vector<at::Tensor> outs = outputs[0];
   at::Tensor in = inputs[0];
-  return enqueue(::c10d::OpType::ALLGATHER, "maestro:all_gather", outs, {in},
+  return enqueue(::c10d::OpType::ALLGATHER, "maestro:all_gather", opts.timeout, outs, {in},
                  [this, outs, in](uint64_t seq, Deadline deadline) {
                    // Gather into one flat tensor (written in place by the
                    // peers), then copy into the caller's list.
@@ -581,7 +583,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::
     reject("reduce_scatter_tensor", e.what());
   }
   at::Tensor out = output, in = input;
-  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "maestro:reduce_scatter_tensor", {out}, {in},
+  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "maestro:reduce_scatter_tensor", opts.timeout, {out}, {in},
                  [this, out, in, op](uint64_t seq, Deadline deadline) {
                    at::Tensor src = in.contiguous();
                    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
@@ -612,7 +614,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
   }
   at::Tensor out = outputs[0];
   std::vector<at::Tensor> ins = inputs[0];
-  return enqueue(::c10d::OpType::REDUCE_SCATTER, "maestro:reduce_scatter", {out}, ins,
+  return enqueue(::c10d::OpType::REDUCE_SCATTER, "maestro:reduce_scatter", opts.timeout, {out}, ins,
                  [this, out, ins, op](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> flat;
                    for (const auto& t : ins) flat.push_back(t.reshape({-1}));
@@ -624,8 +626,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
                  });
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::barrier(const ::c10d::BarrierOptions&) {
-  return enqueue(::c10d::OpType::BARRIER, "maestro:barrier", {}, {},
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::barrier(const ::c10d::BarrierOptions& opts) {
+  return enqueue(::c10d::OpType::BARRIER, "maestro:barrier", opts.timeout, {}, {},
                  [this](uint64_t seq, Deadline deadline) { collectives::barrier(*engine_, seq, deadline); });
 }
 
@@ -650,7 +652,7 @@ void ProcessGroupMaestro::allgatherPacked(uint64_t seq, Deadline deadline, const
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
-    const ::c10d::AllgatherOptions&) {
+    const ::c10d::AllgatherOptions& opts) {
   try {
     checkCoalesced(inputs, nullptr, 1, 1, "allgather_coalesced");
     MAESTRO_CHECK(outputLists.size() == inputs.size(), "allgather_coalesced: ", inputs.size(), " inputs but ",
@@ -662,7 +664,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
   std::vector<std::vector<at::Tensor>> outs = outputLists;
   std::vector<at::Tensor> ins = inputs, all_outs;
   for (const auto& l : outs) all_outs.insert(all_outs.end(), l.begin(), l.end());
-  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "maestro:all_gather_coalesced", all_outs, ins,
+  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "maestro:all_gather_coalesced", opts.timeout, all_outs, ins,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    allgatherPacked(seq, deadline, ins, [&](size_t i, int r, const at::Tensor& block) {
                      outs[i][r].copy_(block.view(outs[i][r].sizes()));
@@ -672,14 +674,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
-                                                                                  const ::c10d::AllgatherOptions&) {
+                                                                                  const ::c10d::AllgatherOptions& opts) {
   try {
     checkCoalesced(inputs, &outputs, getSize(), 1, "allgather_into_tensor_coalesced");
   } catch (const Error& e) {
     reject("allgather_into_tensor_coalesced", e.what());
   }
   std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "maestro:all_gather_into_tensor_coalesced", outs, ins,
+  return enqueue(::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "maestro:all_gather_into_tensor_coalesced", opts.timeout, outs, ins,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> flat;  // contiguous, viewed flat
                    for (const auto& o : outs)
@@ -703,7 +705,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coal
     reject("reduce_scatter_tensor_coalesced", e.what());
   }
   std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "maestro:reduce_scatter_tensor_coalesced", outs, ins,
+  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "maestro:reduce_scatter_tensor_coalesced", opts.timeout, outs, ins,
                  [this, outs, ins, op](uint64_t seq, Deadline deadline) {
                    // Rank r's block: block r of every input, one after another.
                    std::vector<at::Tensor> parts;
@@ -743,7 +745,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce(std::vector<at::Ten
   }
   at::Tensor tensor = tensors[0];
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(::c10d::OpType::REDUCE, "maestro:reduce", {tensor}, {tensor},
+  return enqueue(::c10d::OpType::REDUCE, "maestro:reduce", opts.timeout, {tensor}, {tensor},
                  [this, tensor, op, root](uint64_t seq, Deadline deadline) {
                    inPlace(tensor, [&](const collectives::Window& w) {
                      collectives::reduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op, root,
@@ -769,7 +771,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::gather(std::vector<std::ve
   // Only the root has outputs; elsewhere torch passes none.
   std::vector<at::Tensor> outs = getRank() == root ? outputs[0] : std::vector<at::Tensor>{};
   at::Tensor in = inputs[0];
-  return enqueue(::c10d::OpType::GATHER, "maestro:gather", outs, {in},
+  return enqueue(::c10d::OpType::GATHER, "maestro:gather", opts.timeout, outs, {in},
                  [this, outs, in, root](uint64_t seq, Deadline deadline) {
                    PinnedList src(this, {in}, true), dst(this, outs, false);
                    collectives::gather(*engine_, seq, src.windows[0], dst.windows, in.numel(),
@@ -794,7 +796,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::scatter(std::vector<at::Te
   }
   std::vector<at::Tensor> ins = getRank() == root ? inputs[0] : std::vector<at::Tensor>{};
   at::Tensor out = outputs[0];
-  return enqueue(::c10d::OpType::SCATTER, "maestro:scatter", {out}, ins,
+  return enqueue(::c10d::OpType::SCATTER, "maestro:scatter", opts.timeout, {out}, ins,
                  [this, out, ins, root](uint64_t seq, Deadline deadline) {
                    PinnedList src(this, ins, true), dst(this, {out}, false);
                    collectives::scatter(*engine_, seq, src.windows, dst.windows[0], out.numel(),
@@ -805,7 +807,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::scatter(std::vector<at::Te
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall(std::vector<at::Tensor>& outputs,
                                                                std::vector<at::Tensor>& inputs,
-                                                               const ::c10d::AllToAllOptions&) {
+                                                               const ::c10d::AllToAllOptions& opts) {
   try {
     MAESTRO_CHECK(!inputs.empty(), "all_to_all: the input list is empty");
     checkList(inputs, inputs[0], getSize(), "all_to_all", "input", false);
@@ -815,7 +817,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall(std::vector<at::T
     reject("all_to_all", e.what());
   }
   std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(::c10d::OpType::ALLTOALL, "maestro:all_to_all", outs, ins,
+  return enqueue(::c10d::OpType::ALLTOALL, "maestro:all_to_all", opts.timeout, outs, ins,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> sources;
                    for (const auto& t : ins) {
@@ -838,7 +840,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall(std::vector<at::T
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_to_all_single(at::Tensor& output, at::Tensor& input,
                                                                         std::vector<int64_t>& outputSplitSizes,
                                                                         std::vector<int64_t>& inputSplitSizes,
-                                                                        const ::c10d::AllToAllOptions&) {
+                                                                        const ::c10d::AllToAllOptions& opts) {
   std::vector<uint64_t> sends, recvs;
   try {
     checkTensor(input, "the input");
@@ -851,7 +853,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_to_all_single(at::Tens
     reject("all_to_all_single", e.what());
   }
   at::Tensor out = output, in = input;
-  return enqueue(::c10d::OpType::ALLTOALL_BASE, "maestro:all_to_all_single", {out}, {in},
+  return enqueue(::c10d::OpType::ALLTOALL_BASE, "maestro:all_to_all_single", opts.timeout, {out}, {in},
                  [this, out, in, sends, recvs](uint64_t seq, Deadline deadline) {
                    at::Tensor source = in.numel() && out.numel() && in.is_alias_of(out) ? in.clone() : in;
                    PinnedList src(this, {source}, true), dst(this, {out}, false);

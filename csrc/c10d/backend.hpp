@@ -120,11 +120,12 @@ class ProcessGroupMaestro : public ::c10d::Backend {
     uint64_t seq;
     c10::intrusive_ptr<MaestroWork> work;
     Job job;
+    std::chrono::milliseconds timeout = ::c10d::kUnsetTimeout;  // unset: the group's
   };
 
   // Queue `job` under the next sequence number.
-  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
-                                           std::vector<at::Tensor> inputs, Job job);
+  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::chrono::milliseconds timeout,
+                                           std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs, Job job);
   // An input check failed on this rank: abort the operation it would have
   // been on every rank (so no peer waits for it), then throw. The sequence
   // number is used up, so the ranks stay in step; this rank stays usable.

@@ -91,6 +91,22 @@ def skipped_collective(rank, world):
     return {"error": err, "seconds": time.time() - start}
 
 
+def per_call_timeout(rank, world):
+    """The group's timeout is 60 s; one call sets its own (opts.timeout, 2 s)
+    and rank 1 never joins it: rank 0's call fails after that call's 2 s."""
+    import datetime
+    _init(timeout_s=60)
+    if rank == 1:
+        time.sleep(10)  # alive, but never calls the collective
+        return {"error": "", "seconds": 0}
+    opts = dist.AllreduceOptions()
+    opts.timeout = datetime.timedelta(seconds=2)
+    pg = dist.distributed_c10d._get_default_group()
+    start = time.time()
+    err = _error_of(lambda: pg.allreduce([torch.ones(10)], opts).wait())
+    return {"error": err, "seconds": time.time() - start}
+
+
 def frozen_peer(rank, world):
     """Rank 1 is frozen (SIGSTOP) while allreduces stream: rank 0 must get
     an error within the timeout and leave the group at once."""

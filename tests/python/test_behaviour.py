@@ -65,6 +65,12 @@ def test_a_rank_that_skips_a_collective_times_out_the_others():
     assert values[0]["seconds"] < 15
 
 
+def test_a_calls_own_timeout_overrides_the_groups():
+    values = ok_values(run_ranks(2, scenarios.per_call_timeout, timeout=120))
+    assert "timed out" in values[0]["error"] and "rank 1" in values[0]["error"], values[0]["error"]
+    assert 1.5 < values[0]["seconds"] < 8, values[0]["seconds"]
+
+
 def test_a_rank_that_exits_fails_the_others_quickly():
     results = run_ranks(2, scenarios.peer_exits, timeout=120)
     status, value = results[0]
