@@ -411,6 +411,24 @@ TEST_F(RawPeerSlowSink, ShutdownWaitsForACompletionInProgress) {
   EXPECT_TRUE(slow_.returned.load()) << "shutdown() returned while the sink was still being called";
 }
 
+// A write whose arrival the sink is still hearing of when this rank shuts
+// down (its operation completed on that arrival and the process group is
+// being destroyed) is acknowledged all the same: the writer's operation,
+// which only that ACK completes, must not fail because the receiver's
+// finished first.
+TEST_F(RawPeerSlowSink, AWriteThatLandedIsAcknowledgedEvenWhenShutdownFollowsItsArrival) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
+  auto deadline = after(10);
+  while (!slow_.in_callback && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(slow_.in_callback.load());
+  t_->shutdown();
+  FrameHeader ack{};
+  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack)) << "the connection closed without acknowledging the write";
+  EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
+  EXPECT_EQ(1u, ack.offset);
+}
+
 // The path's own counters: its congestion control and TCP_INFO's bytes.
 class RawPeerReno : public RawPeer {
   void configure(transport::TransportOptions& o) override { o.tcp_congestion = "reno"; }

@@ -79,11 +79,16 @@ void TcpPath::stop() {
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) return;
-    // Let queued control messages (a goodbye) leave first, briefly; the loop
-    // sends them (it cannot wait for itself).
-    if (!loop_->inLoopThread())
-      cv_.wait_for(lock, std::chrono::milliseconds(200),
-                   [&] { return failed_ || (control_.empty() && iov_next_ == iov_.size()); });
+    // Let queued control messages (a goodbye) leave first, briefly, and the
+    // ACK of every write that landed: the peer's operation may still wait on
+    // one of them although ours, which the write completed, is over. The
+    // loop sends them (it cannot wait for itself).
+    if (!loop_->inLoopThread()) {
+      if (!failed_ && writes_received_ > acks_sent_) (void)pushLocked();  // an error: the peer is gone anyway
+      cv_.wait_for(lock, std::chrono::milliseconds(200), [&] {
+        return failed_ || (control_.empty() && iov_next_ == iov_.size() && acks_sent_ == writes_received_);
+      });
+    }
     stopping_ = true;
   }
   loop_->remove(loop_id_, fd_);
@@ -332,9 +337,12 @@ bool TcpPath::finishFrame(std::string* error) {
       rx_ = Rx::kHeader;
       rx_region_.store(0);
       rx_grant_.release();
+      // Counted for the ACK before the sink hears of it: the arrival may
+      // complete an operation, whose rank may then stop this path at once
+      // (destroy_process_group), and stop() sends the ACKs it owes.
+      landWrite();
       if (rx_header_.flags & kFlagImm)
         sink_->onWriteArrived(peer_, path_, rx_header_.imm, static_cast<uint32_t>(rx_header_.length));
-      landWrite();
       return true;
     case Rx::kDrain:
       rx_ = Rx::kHeader;
