@@ -9,7 +9,8 @@ schedule (or GPipe) on CPU.
 Every rank builds the same model from the same seed and keeps its own slice of
 it. Each step splits the batch into microbatches; activations go forward and
 their gradients backward between neighbouring stages as point-to-point
-messages (batch_isend_irecv). The last stage computes the loss; rank 0 prints
+messages (isend / irecv; batch_isend_irecv where 1F1B sends and receives at
+once). The last stage computes the loss; rank 0 prints
 it (the mean over the microbatches, broadcast from the last stage) and a
 summary. The same model is cut differently for 2 or 4 stages, so any number of
 stages trains the same way.
