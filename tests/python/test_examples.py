@@ -12,16 +12,9 @@ does not depend on the order (all-reduce, reduce-scatter). The printed loss
 is each rank's loss gathered and summed in rank order on rank 0, so it does
 not depend on a backend's reduction order either. The pipeline is the same
 model cut into 2 or 4 stages, so 4 stages on maestro must print what 2 stages
-on gloo print.
-
-One maestro defect is known: a rank that destroys its group right after a
-collective can leave before acknowledging the last write it received over
-TCP, and then the peer's part of that same collective fails ("rank N has
-shut down its process group"). Every example ends with a collective and
-destroy_process_group, so now and then (more often on a loaded machine) a
-maestro run exits 1 that way after training. Such a run, and only one whose
-every error is that one, makes its test xfail after everything it printed
-was checked; anything else fails the test."""
+on gloo print. Every example ends with a collective and then
+destroy_process_group, so a rank that leaves as soon as its part is done
+must not fail its peers' part of that collective."""
 import os
 import re
 import subprocess
@@ -63,22 +56,9 @@ def torchrun(example: str, backend: str, nproc: int = 2, *args: str) -> dict:
 
 
 RANK_ERROR = re.compile(r"^\[rank\d+\]: \w+(Error|Exception): .*$|^terminate called.*$", re.M)
-LEFT_EARLY = re.compile(r"maestro \w+ #\d+ failed on rank \d+: rank \d+ has shut down its process group")
-KNOWN_DEFECT = ("maestro (TCP): a rank that destroys its group right after a collective can leave before it "
-                "acknowledges the last write it received (TcpPath::finishFrame reports the write to the engine "
-                "before counting it for the ACK, and TcpPath::stop() does not send a pending ACK), so the "
-                "peer's part of that collective fails: ")
-
-
 def errors(run: dict) -> list[str]:
     """The errors the ranks raised (as torchrun prints them) and native aborts."""
     return [m.group(0) for m in RANK_ERROR.finditer(run["err"])]
-
-
-def left_early(run: dict) -> bool:
-    """The run failed, and only with the known defect's error."""
-    errs = errors(run)
-    return run["code"] != 0 and bool(errs) and all(LEFT_EARLY.search(e) for e in errs)
 
 
 def finished(run: dict, steps: int) -> None:
@@ -89,20 +69,6 @@ def finished(run: dict, steps: int) -> None:
     assert run["summary"], run["out"]
 
 
-def maestro_finished(run: dict, steps: int, reference: list[float]) -> bool:
-    """finished(), or the known defect after the losses that rank 0 printed
-    equal the reference's first ones: True then (the caller checks the rest
-    and xfails); pytest.xfail at once if rank 0 did not finish either."""
-    if not left_early(run):
-        finished(run, steps)
-        return False
-    printed = run["losses"]
-    assert printed == reference[:len(printed)], f"maestro {printed} != reference {reference}"
-    if run["steps"] != list(range(steps)) or not run["summary"]:
-        pytest.xfail(KNOWN_DEFECT + errors(run)[0] + f" (rank 0 printed {len(printed)} of {steps} losses)")
-    return True
-
-
 STEPS = {"fsdp2": 5, "pipeline": 5, "moe": 6}  # the examples' defaults
 
 
@@ -110,7 +76,7 @@ STEPS = {"fsdp2": 5, "pipeline": 5, "moe": 6}  # the examples' defaults
 def test_example_trains_on_maestro_exactly_as_on_gloo(example):
     m, g = torchrun(example, "maestro"), torchrun(example, "gloo")
     finished(g, STEPS[example])
-    known_defect = maestro_finished(m, STEPS[example], g["losses"])
+    finished(m, STEPS[example])
     assert m["losses"] == g["losses"], f"maestro {m['losses']} != gloo {g['losses']}"
     losses = m["losses"]
     assert losses[-1] < 0.9 * losses[0], f"the loss does not fall: {losses}"
@@ -120,8 +86,6 @@ def test_example_trains_on_maestro_exactly_as_on_gloo(example):
     sent = re.search(r"rank 0 sent (\d+\.\d+) MB over (\d+) maestro paths", m["summary"])
     assert sent and float(sent.group(1)) > 0 and int(sent.group(2)) >= 1, m["summary"]
     assert "maestro paths" not in g["summary"]
-    if known_defect:
-        pytest.xfail(KNOWN_DEFECT + errors(m)[0])
 
 
 def test_pipeline_on_four_stages_trains_as_on_two():
@@ -129,24 +93,20 @@ def test_pipeline_on_four_stages_trains_as_on_two():
     activations and gradients instead of 1, the same losses."""
     four, two = torchrun("pipeline", "maestro", 4, "--schedule", "gpipe"), torchrun("pipeline", "gloo")
     finished(two, STEPS["pipeline"])
-    known_defect = maestro_finished(four, STEPS["pipeline"], two["losses"])
+    finished(four, STEPS["pipeline"])
     assert "(gpipe) on maestro: 4 stages" in four["summary"], four["summary"]
     assert four["losses"] == two["losses"], f"4 stages {four['losses']} != 2 stages {two['losses']}"
-    if known_defect:
-        pytest.xfail(KNOWN_DEFECT + errors(four)[0])
 
 
 def test_moe_routes_uneven_splits():
     """Top-1 routing sent each expert a different number of tokens: the
     all_to_all_single split sizes were uneven (and add up to every token)."""
     m = torchrun("moe", "maestro")
-    known_defect = maestro_finished(m, STEPS["moe"], torchrun("moe", "gloo")["losses"])
+    finished(m, STEPS["moe"])
     counts = re.search(r"tokens per expert at the last step \[([\d, ]+)\]", m["summary"])
     assert counts, m["summary"]
     counts = [int(c) for c in counts.group(1).split(",")]
     assert len(counts) == 2 and sum(counts) == 2 * 64 and counts[0] != counts[1], counts
-    if known_defect:
-        pytest.xfail(KNOWN_DEFECT + errors(m)[0])
 
 
 def test_readme_lists_the_examples():
