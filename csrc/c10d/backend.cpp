@@ -654,10 +654,20 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const ::c10d::AllgatherOptions& opts) {
   try {
+    // torch's layout (as gloo's): outputLists[r][i] receives rank r's input i.
     checkCoalesced(inputs, nullptr, 1, 1, "allgather_coalesced");
-    MAESTRO_CHECK(outputLists.size() == inputs.size(), "allgather_coalesced: ", inputs.size(), " inputs but ",
-                  outputLists.size(), " output lists");
-    for (size_t i = 0; i < inputs.size(); ++i) checkList(outputLists[i], inputs[i], getSize(), "allgather_coalesced", "output");
+    MAESTRO_CHECK(static_cast<int>(outputLists.size()) == getSize(), "allgather_coalesced: ", outputLists.size(),
+                  " output lists but the group has ", getSize(), " ranks (one list per rank)");
+    for (size_t r = 0; r < outputLists.size(); ++r) {
+      MAESTRO_CHECK(outputLists[r].size() == inputs.size(), "allgather_coalesced: output list ", r, " has ",
+                    outputLists[r].size(), " tensors but there are ", inputs.size(), " inputs");
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        checkTensor(outputLists[r][i], "an output tensor");
+        checkSameKind(inputs[i], outputLists[r][i], "an output tensor");
+        MAESTRO_CHECK(outputLists[r][i].numel() == inputs[i].numel(), "allgather_coalesced: output ", r, "/", i,
+                      " has ", outputLists[r][i].numel(), " elements but input ", i, " has ", inputs[i].numel());
+      }
+    }
   } catch (const Error& e) {
     reject("allgather_coalesced", e.what());
   }
@@ -667,7 +677,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
   return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "maestro:all_gather_coalesced", opts.timeout, all_outs, ins,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    allgatherPacked(seq, deadline, ins, [&](size_t i, int r, const at::Tensor& block) {
-                     outs[i][r].copy_(block.view(outs[i][r].sizes()));
+                     outs[r][i].copy_(block.view(outs[r][i].sizes()));
                    });
                  });
 }

@@ -182,11 +182,13 @@ def run_case(name: str, rank: int, world: int) -> None:
         ins = [data(rank, n, dt, salt=i).view(s) for i, (n, s) in enumerate(zip(sizes, shapes))]
         want = [[data(r, n, dt, salt=i).view(s) for r in range(world)] for i, (n, s) in enumerate(zip(sizes, shapes))]
         if kind == "all_gather_coalesced":
-            outs = [[torch.empty(s, dtype=dt) for _ in range(world)] for s in shapes]
+            # torch's layout: outs[r][i] receives rank r's input i (the
+            # shapes differ per input, so a transposed reading cannot pass).
+            outs = [[torch.empty(s, dtype=dt) for s in shapes] for _ in range(world)]
             dist.all_gather_coalesced(outs, ins)
-            for i in range(len(shapes)):
-                for r in range(world):
-                    check(f"{name}[{i}][{r}]", outs[i][r], want[i][r])
+            for r in range(world):
+                for i in range(len(shapes)):
+                    check(f"{name}[{r}][{i}]", outs[r][i], want[i][r])
             return
         if parts[1] == "noncontiguous":
             outs = [torch.zeros(2 * n * world, dtype=dt)[::2] for n in sizes]
