@@ -13,10 +13,13 @@
 //             aborts, barrier tokens), matched by (type, seq, sub).
 //   failover  a chunk flushed by a failed path is re-assigned to a live one;
 //             the receiver counts it once even if both copies land.
-//   monitor   per-path throughput, chunk completion time, probe RTT; a path
-//             holding chunks without progress for path_timeout is closed,
-//             and so is an idle one whose probe stays unanswered for twice
-//             that while the peer answers elsewhere.
+//   monitor   (monitor.cc) per-path throughput, chunk completion time,
+//             probe RTT; a path holding chunks without progress for
+//             path_timeout is closed, and so is an idle one whose probe
+//             stays unanswered for twice that while the peer answers
+//             elsewhere.
+//   hunting   (hunting.cc) a path that stays slow against its siblings is
+//             re-opened on another core route.
 //
 // Threads: transport threads deliver completions (CompletionSink); one
 // collective thread drives write()/expect() and sleeps in waitEvent(), which

@@ -1,0 +1,139 @@
+// The engine's per-peer and per-path state, shared by the files that
+// implement Engine: engine.cc (sending, receiving, control, failover),
+// monitor.cc (the path monitor) and hunting.cc (path hunting). Internal: no
+// other file includes it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "multipath/engine.h"
+#include "multipath/reassembler.h"
+#include "multipath/scheduler.h"
+
+namespace maestro {
+namespace multipath {
+namespace detail {
+
+// Control message header; the payload follows.
+struct ControlHeader {
+  uint8_t type;
+  uint8_t reserved[3];
+  uint32_t sub;
+  uint64_t seq;
+};
+static_assert(sizeof(ControlHeader) == 16, "ControlHeader is a wire format");
+
+// Exponentially weighted moving average with a fixed gain.
+inline double ewma(double current, double sample, double gain = 0.2) {
+  return current <= 0 ? sample : current + gain * (sample - current);
+}
+
+inline double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace detail
+
+struct Engine::SentControl {
+  Clock::time_point at;
+  std::vector<uint8_t> msg;
+};
+
+namespace detail {
+constexpr double kRateSample = 0.004;    // seconds: the shortest busy interval a throughput sample covers
+constexpr double kMinDoubtWindow = 0.25;  // seconds: a floor for scheduling noise on a loaded host
+// A path with this many control messages unconfirmed is probed: the pong
+// confirms them all (the path is ordered). None is ever dropped: until a
+// probe answers or the path is closed (then they are re-sent elsewhere),
+// they are kept.
+constexpr size_t kConfirmAfter = 4096;
+// A peer's control messages waiting to be taken: at most this many
+// operations ahead of the last one this rank finished, and this many in all.
+// Beyond either, the peer is not following the protocol.
+constexpr uint64_t kMaxOpsAhead = 1u << 16;
+constexpr size_t kMaxInbox = 1u << 16;
+}  // namespace detail
+
+struct Engine::PathSlot {
+  int id = -1;             // the transport's path id
+  bool initiated = false;  // this rank opened it, and reopens it after a failure
+  bool up = false;
+  // Connections this path has had. A chunk remembers the one it was posted
+  // on, so a late flush from a replaced connection neither takes the new one
+  // down nor unbalances its in-flight count.
+  uint32_t generation = 0;
+  // The peer reported this path dead (kPathDown). The notice may be about a
+  // connection that has since been replaced, so unless our own chunks on it
+  // are stuck too, the path is not closed on the peer's word: it is set
+  // aside (no new chunks or control messages) and probed, cleared by any
+  // answer, and closed if none comes within doubtWindow() (a few RTTs, at
+  // most path_timeout).
+  bool doubted = false;
+  Clock::time_point doubted_since{};
+  std::string description;
+  std::string last_error;
+  std::string route;
+  uint64_t reconnects = 0;
+  HuntState hunt;
+  uint64_t tick_bytes = 0;  // bytes_sent at the monitor's last tick
+  std::deque<ChunkDesc*> queue;  // assigned here, not yet posted
+  int inflight = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0, chunks_sent = 0, chunks_received = 0, errors = 0, resent = 0;
+  // Monitor.
+  Clock::time_point last_progress{};
+  double completion = 0;     // EWMA seconds per chunk
+  double throughput = 0;     // EWMA bytes/s while busy
+  Clock::time_point busy_mark{};  // start of the current throughput sample (chunks in flight since)
+  uint64_t busy_bytes = 0;        // bytes completed since busy_mark
+  double rtt = 0;            // EWMA probe RTT
+  Clock::time_point ping_sent{};
+  bool ping_outstanding = false;
+  Clock::time_point last_arrival{};  // the peer's last write that landed through this path
+  // Control messages posted here and not yet known to have arrived. The path
+  // is ordered, so a completion of a write posted later, or the pong of a
+  // ping posted later, proves delivery; if the path dies first they are
+  // re-sent on a live one (every control message is idempotent by its key).
+  std::deque<SentControl> unconfirmed;
+  // Everything posted here up to `t` has arrived.
+  void confirmUpTo(Clock::time_point t) {
+    while (!unconfirmed.empty() && unconfirmed.front().at <= t) unconfirmed.pop_front();
+  }
+};
+
+struct Engine::Peer {
+  Peer(int rank, const Config& config) : rank(rank), scheduler(makeScheduler(config)), reassembler(config.chunk_size) {}
+  const int rank;
+  std::mutex mu;
+  std::vector<PathSlot> paths;
+  // Up, and not in doubt -- unless every up path is in doubt: then the
+  // doubted ones still carry traffic rather than none.
+  // A path being re-opened by hunting is set aside the same way.
+  bool usable(size_t i) const {
+    if (!paths[i].up) return false;
+    if (!paths[i].doubted && !paths[i].hunt.active) return true;
+    for (const auto& s : paths)
+      if (s.up && !s.doubted && !s.hunt.active) return false;
+    return true;
+  }
+  std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
+  std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the scheduler's pull() picks the path that takes each
+  std::unique_ptr<Scheduler> scheduler;
+  Reassembler reassembler;
+  std::map<ControlKey, std::vector<uint8_t>> inbox;
+  std::unordered_map<SendOp*, std::shared_ptr<SendOp>> sending;
+  std::unordered_map<uint32_t, std::shared_ptr<RecvOp>> receiving;  // by tag
+  bool unreachable = false;
+  bool left = false;  // the peer said goodbye (its group was destroyed)
+  std::string error;
+  Clock::time_point last_heard{};  // any completion, arrival or message from this peer
+  Clock::time_point last_tick{};   // the monitor's last look at its paths
+};
+
+}  // namespace multipath
+}  // namespace maestro
