@@ -916,7 +916,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(bool send, st
   // contiguous recv tensor, a send is read straight from a contiguous one.
   at::Tensor buffer = tensor.is_contiguous() ? tensor : (send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
   auto work = c10::make_intrusive<MaestroWork>(getRank(), send ? ::c10d::OpType::SEND : (peer < 0 ? ::c10d::OpType::RECVANYSOURCE : ::c10d::OpType::RECV),
-                                               0, send ? "maestro:send" : "maestro:recv",
+                                               0, send ? "maestro:send" : (peer < 0 ? "maestro:recvAnySource" : "maestro:recv"),
                                                send ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{tensor},
                                                std::vector<at::Tensor>{tensor});
   auto pin = std::make_shared<Pinned>(this, buffer);
@@ -988,8 +988,7 @@ void ProcessGroupMaestro::monitoredBarrier(const ::c10d::BarrierOptions& opts, b
     for (int r = 0; r < n; ++r)
       if (missing.data_ptr<int32_t>()[r]) who += strcat(who.empty() ? "" : ", ", r);
     if (!who.empty())
-      fail("maestro monitored_barrier: rank(s) ", who, " failed to pass the barrier within ", ms,
-           " (reported by rank 0)");
+      fail("Rank(s) ", who, " failed to pass monitoredBarrier in ", ms, " (maestro monitored_barrier, reported by rank 0)");
     return;
   }
   std::vector<std::future<std::exception_ptr>> arrivals;
@@ -1005,10 +1004,14 @@ void ProcessGroupMaestro::monitoredBarrier(const ::c10d::BarrierOptions& opts, b
     if (!missing.data_ptr<int32_t>()[r]) answers.push_back(post(true, r, missing, answer_deadline));
   for (auto& a : answers) a.get();  // a rank that left after arriving is not this barrier's failure
   if (late.empty()) return;
+  // gloo's wording, which torch's tests and users' log scrapers look for.
+  if (timeout.count() <= 0)
+    fail("Rank 0 timed out in monitoredBarrier after ", ms, " (maestro monitored_barrier: no time to wait for rank",
+         late.size() > 1 ? "s" : "", " ", late[0], late.size() > 1 ? " and others" : "", ")");
   std::string who;
   for (size_t i = 0; i < (waitAllRanks ? late.size() : 1); ++i) who += strcat(i ? ", " : "", late[i]);
-  fail("maestro monitored_barrier: rank", waitAllRanks && late.size() > 1 ? "s " : " ", who,
-       " failed to pass the barrier within ", ms, waitAllRanks ? "" : " (the first such rank; wait_all_ranks=True names all)");
+  fail(waitAllRanks && late.size() > 1 ? "Ranks " : "Rank ", who, " failed to pass monitoredBarrier in ", ms,
+       " (maestro monitored_barrier", waitAllRanks ? "" : "; the first such rank, wait_all_ranks=True names all", ")");
 }
 
 }  // namespace c10d_glue

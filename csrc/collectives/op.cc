@@ -126,8 +126,9 @@ void OpContext::run(const std::function<bool()>& step, const std::function<std::
     if (step()) return;
     checkHealth(depends());
     if (!engine_.waitEvent(seen, deadline_) && Clock::now() >= deadline_) {
+      // " timeout ": the word torch's tests and log scrapers match.
       std::string msg = strcat("maestro ", name(), " timed out on rank ", rank(), " (", describe(desc_),
-                               ") while waiting for ", waiting_for(),
+                               "): its timeout ran out while waiting for ", waiting_for(),
                                "; a rank may have skipped this collective or be stuck; path states:\n",
                                engine_.pathTable());
       engine_.broadcastAbort(seq_, msg);

@@ -217,9 +217,10 @@ def test_monitored_barrier_names_the_ranks_that_did_not_come():
         assert v["after"] == [6.0] * 3, f"rank {rank}: the group must go on"
         assert v["first_seconds"] < 15 and v["all_seconds"] < 15, f"rank {rank}: {v}"
     r0, r1 = values[0], values[1]
-    assert "rank 2 failed to pass the barrier" in r0["first"], r0["first"]
-    assert "ranks 2, 3 failed to pass the barrier" in r0["all"], r0["all"]
+    # gloo's wording (torch's tests and log scrapers match it).
+    assert "Rank 2 failed to pass monitoredBarrier in 2000 ms" in r0["first"], r0["first"]
+    assert "Ranks 2, 3 failed to pass monitoredBarrier in 2000 ms" in r0["all"], r0["all"]
     for key in ("first", "all"):  # rank 1 came in time: rank 0 tells it who did not
-        assert "rank(s) 2, 3 failed to pass the barrier" in r1[key], r1[key]
+        assert "Rank(s) 2, 3 failed to pass monitoredBarrier" in r1[key], r1[key]
         for late in values[2:]:
             assert "did not hear from rank 0" in late[key], late[key]
