@@ -80,6 +80,7 @@ def run_backend(backend: str, tests: list[str], *, timeout: int, start: str, log
                                     text=True)
             for line in proc.stdout:
                 log.write(line)
+                log.flush()
                 if verbose and line.startswith(f"[{backend}] "):
                     sys.stderr.write(line)
             rc = proc.wait()
@@ -215,7 +216,7 @@ def render(rec: dict) -> str:
         for cat, rs in by_cat.items():
             lines += [f"### {cat}", ""]
             if "cause" in rs[0]:
-                lines += [f"c10d call: {rs[0]['call']}. {rs[0]['cause']}", ""]
+                lines += [f"c10d call: `{rs[0]['call']}`. Cause: {rs[0]['cause']}", ""]
             lines += ["| test | outcome | first error line |", "|---|---|---|"]
             for r in rs:
                 err = r["error"].replace("|", "\\|")
@@ -267,6 +268,7 @@ def render(rec: dict) -> str:
         lines.append("None.")
     lines.append("")
 
+    lines += ["## What this suite does not reach", ""] + [f"- {n}" for n in selection.NOT_REACHED] + [""]
     lines += ["## Skip list", "", "Tests the harness does not run, on either backend (`SKIP` in "
               "tests/torch_suite/selection.py):", ""]
     if d["skip_list"]:
