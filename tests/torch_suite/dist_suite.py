@@ -50,8 +50,18 @@ from torch.testing._internal.common_distributed import DistTestCases  # noqa: E4
 
 from selection import FEATURES, LIFT, SKIP  # noqa: E402
 
+META: dict = {}
 if BACKEND == "maestro":
+    import hashlib
+
     import maestro_torch  # noqa: F401,E402 - registers the backend
+
+    # What this process loaded: its forked ranks run exactly this, whatever
+    # happens to the file later (an editable install may point at a
+    # checkout someone rebuilds).
+    with open(maestro_torch._C.__file__, "rb") as _f:
+        META["extension"] = {"path": maestro_torch._C.__file__, "sha256": hashlib.sha256(_f.read()).hexdigest()[:12],
+                             "mtime": os.path.getmtime(maestro_torch._C.__file__)}
 
     for feature in FEATURES:
         DistTestCases.backend_feature[feature].add("maestro")
@@ -212,6 +222,8 @@ def main(argv=None) -> int:
         names = wanted
     suite = unittest.TestSuite(TestDistBackendOnCPU(n) for n in names)
     with open(args.out, "a") as out:
+        if META:
+            out.write(json.dumps({"meta": META}) + "\n")
         suite.run(_Recorder(out))
     return 0
 

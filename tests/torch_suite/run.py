@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -47,8 +46,10 @@ LOGS = os.path.join(ROOT, "build", "torch_suite")
 
 def tidy(text: str) -> str:
     """Upstream skip reasons cite bug reports by address; the record keeps
-    the reason, not the address."""
-    return re.sub(r"https?://\S+", "(an upstream report)", text or "").strip()
+    the reason, not the address. Sets printed in a reason are sorted (their
+    order changes from one process to the next)."""
+    text = re.sub(r"https?://\S+", "(an upstream report)", text or "").strip()
+    return re.sub(r"\{('[^{}]*')\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", text)
 
 
 def list_tests(env: dict) -> list[str]:
@@ -60,12 +61,14 @@ def list_tests(env: dict) -> list[str]:
 
 
 def run_backend(backend: str, tests: list[str], *, timeout: int, start: str, log_dir: str,
-                verbose: bool) -> tuple[dict, float]:
-    """{test: record} for one backend, and the wall time. A suite process
+                verbose: bool) -> tuple[dict, float, list]:
+    """{test: record} for one backend, the wall time, and what each suite
+    process said about itself (maestro's: the extension it loaded). A suite process
     that dies (it should not: the ranks are its children) loses only the
     test it was in, recorded as errored; it restarts after that test."""
     t0 = time.monotonic()
     records: dict[str, dict] = {}
+    metas: list[dict] = []
     log_path = os.path.join(log_dir, f"{backend}.log")
     with tempfile.TemporaryDirectory(prefix=f"torch_suite_{backend}_") as tmp, open(log_path, "w") as log:
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE="2", TEMP_DIR=tmp,
@@ -88,7 +91,10 @@ def run_backend(backend: str, tests: list[str], *, timeout: int, start: str, log
                 with open(out) as f:
                     for line in f:
                         rec = json.loads(line)
-                        records[rec.pop("test")] = rec
+                        if "meta" in rec:
+                            metas.append(rec["meta"])
+                        else:
+                            records[rec.pop("test")] = rec
             pending = [t for t in tests if t not in records]
             if pending:
                 records[pending[0]] = {"outcome": "errored", "seconds": 0.0,
@@ -98,7 +104,7 @@ def run_backend(backend: str, tests: list[str], *, timeout: int, start: str, log
         for key in ("reason", "error", "lifted"):
             if key in rec:
                 rec[key] = tidy(rec[key])
-    return records, time.monotonic() - t0
+    return records, time.monotonic() - t0, metas
 
 
 def counts(records: dict) -> dict:
@@ -146,25 +152,24 @@ def machine() -> dict:
             "worktree_clean": git("status", "--porcelain", "--untracked-files=no") == ""}
 
 
-def extension() -> dict:
-    """Which maestro was tested: the extension maestro_torch loads (an
-    editable install may load it from another checkout), its hash, and the
-    commit and state of the checkout it sits in."""
-    found = subprocess.run([sys.executable, "-c", "import maestro_torch; print(maestro_torch._C.__file__)"],
-                           capture_output=True, text=True, timeout=300)
-    path = found.stdout.strip()
-    if found.returncode != 0 or not path:
-        return {"error": found.stderr.strip().splitlines()[-1:] or ["?"]}
+def extension(loaded: list[dict]) -> dict:
+    """Which maestro was tested: the extension the maestro suite process
+    loaded (its ranks are forked from it) -- an editable install may load it
+    from another checkout -- its hash, and the commit and state of that
+    checkout."""
+    exts = [m["extension"] for m in loaded if "extension" in m]
+    if not exts:
+        return {}
+    path = exts[0]["path"]
     src = os.path.dirname(os.path.dirname(path))
     git = lambda *a: subprocess.run(["git", "-C", src, *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    return {"sha256": digest,
-            "built": datetime.datetime.fromtimestamp(os.path.getmtime(path)).astimezone().isoformat(timespec="seconds"),
+    return {"sha256": exts[0]["sha256"],
+            "built": datetime.datetime.fromtimestamp(exts[0]["mtime"]).astimezone().isoformat(timespec="seconds"),
             "checkout": "this one" if os.path.realpath(src) == os.path.realpath(ROOT) else src,
             "checkout_commit": git("rev-parse", "--short", "HEAD") or "?",
             "checkout_clean": git("status", "--porcelain", "--untracked-files=no", "--", "csrc", "CMakeLists.txt",
-                                  "setup.py") == ""}
+                                  "setup.py") == "",
+            "changed_during_run": len({e["sha256"] for e in exts}) > 1}
 
 
 def render(rec: dict) -> str:
@@ -191,8 +196,8 @@ def render(rec: dict) -> str:
         f"*maestro under test: the extension {x.get('sha256', '?')} built {x.get('built', '?')} in "
         f"{'this checkout' if x.get('checkout') == 'this one' else 'the checkout ' + str(x.get('checkout'))}"
         f" (at {x.get('checkout_commit', '?')}{'' if x.get('checkout_clean') else ', with uncommitted C++ changes'}"
-        " during the run)"
-        f"{'; it changed during the run' if d.get('extension_changed') else ''}.*",
+        " after the run)"
+        f"{'; it was rebuilt during the run, so not every test ran on it' if x.get('changed_during_run') else ''}.*",
         "",
         "| | gloo | maestro |",
         "|---|---|---|",
@@ -319,12 +324,13 @@ def main(argv=None) -> int:
         tests = [t for t in tests if args.pattern in t]
     results = {}
     wall = {}
-    ext = extension()
+    loaded = []
     for b in backends:
         print(f"== {b}: {len(tests)} tests (log: {os.path.relpath(os.path.join(LOGS, b + '.log'), ROOT)})",
               file=sys.stderr, flush=True)
-        results[b], wall[b] = run_backend(b, tests, timeout=args.timeout, start=args.start, log_dir=LOGS,
+        results[b], wall[b], metas = run_backend(b, tests, timeout=args.timeout, start=args.start, log_dir=LOGS,
                                           verbose=args.verbose)
+        loaded += metas
         c = counts(results[b])
         print(f"   {b}: " + ", ".join(f"{c[k]} {k}" for k in OUTCOMES) + f" in {wall[b]:.0f} s",
               file=sys.stderr, flush=True)
@@ -345,7 +351,7 @@ def main(argv=None) -> int:
             "world_size": 2, "start_method": args.start, "per_test_timeout_s": args.timeout,
             "selected": len(tests),
             "selection": "tests" if args.tests else args.subset, "pattern": args.pattern,
-            "extension": ext, "extension_changed": extension().get("sha256") != ext.get("sha256"),
+            "extension": extension(loaded),
             "feature_sets": list(selection.FEATURES),
             "backends": {b: {"counts": counts(results[b]), "wall_s": round(wall[b], 1)} for b in BACKENDS},
             "regressions": regressions, "known_gaps_passing": fixed, "maestro_only": maestro_only,
