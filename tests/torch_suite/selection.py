@@ -83,13 +83,6 @@ LIFT: dict[str, tuple[str, str, str | None]] = {
 }
 
 # name -> (category, the c10d call involved, cause).
-_AGC = ("all_gather_coalesced: output lists read transposed",
-        "ProcessGroupMaestro::allgather_coalesced(outputLists, inputs)",
-        "torch (and gloo) pass output_tensor_lists[rank][input]; maestro reads outputLists[input][rank]. "
-        "With as many inputs as ranks it accepts the call and returns every output transposed, a silently "
-        "wrong result (tests/torch_suite/repros/all_gather_coalesced_layout.py); with any other count it "
-        "refuses it (\"N inputs but W output lists\"). maestro's own test (tests/python/workers.py) uses "
-        "the transposed layout, so it passes.")
 _MB = ("monitored_barrier: error text differs from torch's",
        "ProcessGroupMaestro::monitoredBarrier(opts, waitAllRanks)",
        "torch's tests (and tools that read logs) match gloo's wording: rank 0 raises \"Rank 1 failed to pass "
@@ -117,8 +110,6 @@ _PROF_ANY = ("profiler: a recv from any source is recorded as \"maestro:recv\"",
 KNOWN_GAPS: dict[str, tuple[str, str, str]] = {
     **{t: _PROF_ANY for t in ("test_send_recv_any_source_autograd_profiler",
                               "test_send_recv_any_source_torch_profiler")},
-    **{t: _AGC for t in ("test_all_gather_coalesced_simple", "test_all_gather_coalesced_complex",
-                         "test_all_gather_coalesced_full_group", "test_all_gather_coalesced_with_empty")},
     **{t: _MB for t in ("test_monitored_barrier_gloo", "test_monitored_barrier_gloo_rank_0_timeout",
                         "test_monitored_barrier_gloo_subgroup")},
     **{t: _BT for t in ("test_barrier_timeout_global", "test_barrier_timeout_full_group")},
@@ -150,8 +141,9 @@ CI_SUBSET: list[str] = [
     "test_DistributedDataParallelCPU", "test_accumulate_gradients_no_sync_allreduce_with_then_hook",
     "test_SyncBatchNorm_process_group", "test_grads_same_across_ranks_with_no_sync", "test_static_graph_api_cpu",
     "test_ddp_create_graph",
+    "test_all_gather_coalesced_simple", "test_all_gather_coalesced_with_empty",
     # known gaps, one of each that maestro can fix
-    "test_all_gather_coalesced_simple", "test_barrier_timeout_full_group", "test_monitored_barrier_gloo_subgroup",
+    "test_barrier_timeout_full_group", "test_monitored_barrier_gloo_subgroup",
     "test_send_recv_any_source_autograd_profiler",
 ]
 

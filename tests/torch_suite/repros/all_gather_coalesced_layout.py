@@ -1,11 +1,12 @@
-"""all_gather_coalesced on maestro reads torch's output layout transposed.
+"""all_gather_coalesced's output layout, maestro against gloo.
 
 torch (and gloo) take output_tensor_lists[rank][i]: one list per rank, each
-holding one tensor per input. maestro takes outputLists[i][rank]. With as
-many inputs as ranks the shapes match either way, so maestro accepts the
-call and fills out[r][i] with rank i's input r: a wrong result, no error.
-With any other count it refuses the call ("1 inputs but 2 output lists"),
-which is what distributed_test's all_gather_coalesced tests hit.
+holding one tensor per input. maestro used to read outputLists[i][rank].
+With as many inputs as ranks the shapes match either way, so it accepted
+the call and filled out[r][i] with rank i's input r: a wrong result, no
+error. With any other count it refused the call ("1 inputs but 2 output
+lists"), which is what distributed_test's all_gather_coalesced tests hit.
+Exits 1 when a backend's result differs from torch's layout.
 
     python tests/torch_suite/repros/all_gather_coalesced_layout.py   # gloo, then maestro
 """
