@@ -288,7 +288,7 @@ def render(rec: dict) -> str:
         for r in d["tests"].values():
             if r[b]["outcome"] == "skipped":
                 reasons[(r[b].get("reason", ""), b)] += 1
-    for reason in sorted({k[0] for k in reasons}, key=lambda x: -(reasons[(x, "gloo")] + reasons[(x, "maestro")])):
+    for reason in sorted({k[0] for k in reasons}, key=lambda x: (-(reasons[(x, "gloo")] + reasons[(x, "maestro")]), x)):
         lines.append(f"| {reason.replace('|', chr(92) + '|')} | {reasons[(reason, 'gloo')]} | "
                      f"{reasons[(reason, 'maestro')]} |")
     lines += ["", "Every test and its outcome on each backend: "
