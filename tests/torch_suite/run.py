@@ -12,6 +12,7 @@ the first line of its error and, for known gaps, the cause
         docs/results/data/torch_suite/torch_suite.json and docs/torch_suite.md
     python tests/torch_suite/run.py --subset ci    # what CI runs (tests/python/test_torch_suite.py)
     python tests/torch_suite/run.py --tests test_all_reduce_sum,test_barrier -v
+    python tests/torch_suite/run.py --render       # the doc again from the recorded JSON
 
 Exit status: 0 when no test gloo passes fails on maestro other than the known
 gaps (and no known gap passes: then it is no longer one), 1 otherwise.
@@ -217,7 +218,8 @@ def render(rec: dict) -> str:
         by_cat = collections.OrderedDict()
         for r in regs:
             by_cat.setdefault(r.get("category", "not yet explained"), []).append(r)
-        lines += [f"{len(regs)} tests in {len(by_cat)} categories.", ""]
+        lines += [f"{len(regs)} test{'s' * (len(regs) != 1)} in {len(by_cat)} "
+                  f"categor{'ies' if len(by_cat) != 1 else 'y'}.", ""]
         for cat, rs in by_cat.items():
             lines += [f"### {cat}", ""]
             if "cause" in rs[0]:
@@ -307,8 +309,14 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help=f"record {os.path.relpath(DATA, ROOT)} and "
                                                          f"{os.path.relpath(DOC, ROOT)}")
     ap.add_argument("--json", help="write the record here")
+    ap.add_argument("--render", action="store_true", help=f"only regenerate {os.path.relpath(DOC, ROOT)} from "
+                                                          f"{os.path.relpath(DATA, ROOT)} (after changing its format)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each test's outcome as it ends")
     args = ap.parse_args(argv)
+    if args.render:
+        with open(DATA) as f, open(DOC, "w") as out:
+            out.write(render(json.load(f)))
+        return 0
     command = "python tests/torch_suite/run.py" + ("" if not (argv or sys.argv[1:]) else
                                                    " " + shlex.join(argv if argv is not None else sys.argv[1:]))
     backends = args.backends.split(",")
