@@ -31,10 +31,6 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-try:
-    import expecttest  # noqa: F401 - torch.testing._internal needs it
-except ImportError:
-    sys.path.insert(0, os.path.join(HERE, "_shim"))
 
 os.environ.setdefault("WORLD_SIZE", "2")
 BACKEND = os.environ.setdefault("BACKEND", "gloo")
