@@ -36,7 +36,8 @@ mismatch=$(pin_mismatch)
 if [ -n "$mismatch" ] || ! "$PY" -c "
 import importlib.util, sys
 sys.exit(any(importlib.util.find_spec(m) is None
-             for m in ('torch', 'torchvision', 'tqdm', 'transformers', 'pytest', 'numpy', 'matplotlib')))" 2>/dev/null; then
+             for m in ('torch', 'torchvision', 'tqdm', 'transformers', 'pytest', 'numpy', 'matplotlib',
+                       'expecttest')))" 2>/dev/null; then
   echo "== installing requirements/dev.txt: the pinned torch pair (${mismatch:+${mismatch//$'\n'/; }; }a few minutes), tqdm, transformers, test tools, matplotlib"
   "$PY" -m pip install -q -r "$ROOT/requirements/dev.txt"
   mismatch=$(pin_mismatch)
