@@ -102,29 +102,22 @@ DType toDType(at::ScalarType t) {
 }
 
 ReduceOp toReduceOp(const ::c10d::ReduceOp& op, at::ScalarType dtype) {
+  ReduceOp r;
   switch (op.op_) {
-    case ::c10d::ReduceOp::SUM: return ReduceOp::kSum;
-    case ::c10d::ReduceOp::AVG:
-      MAESTRO_CHECK(dtype != at::kBool, "ReduceOp.AVG is not defined for bool tensors");
-      return ReduceOp::kAvg;
-    case ::c10d::ReduceOp::PRODUCT: return ReduceOp::kProduct;
-    case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
-    case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
-    case ::c10d::ReduceOp::BAND:
-    case ::c10d::ReduceOp::BOR:
-    case ::c10d::ReduceOp::BXOR: {
-      const ReduceOp bitwise = op.op_ == ::c10d::ReduceOp::BAND ? ReduceOp::kBand
-                               : op.op_ == ::c10d::ReduceOp::BOR ? ReduceOp::kBor
-                                                                 : ReduceOp::kBxor;
-      MAESTRO_CHECK(collectives::defined(bitwise, toDType(dtype)), "ReduceOp.",
-                    bitwise == ReduceOp::kBand ? "BAND" : bitwise == ReduceOp::kBor ? "BOR" : "BXOR",
-                    " is defined for integer and bool tensors only, not ", c10::toString(dtype));
-      return bitwise;
-    }
+    case ::c10d::ReduceOp::SUM: r = ReduceOp::kSum; break;
+    case ::c10d::ReduceOp::AVG: r = ReduceOp::kAvg; break;
+    case ::c10d::ReduceOp::PRODUCT: r = ReduceOp::kProduct; break;
+    case ::c10d::ReduceOp::MIN: r = ReduceOp::kMin; break;
+    case ::c10d::ReduceOp::MAX: r = ReduceOp::kMax; break;
+    case ::c10d::ReduceOp::BAND: r = ReduceOp::kBand; break;
+    case ::c10d::ReduceOp::BOR: r = ReduceOp::kBor; break;
+    case ::c10d::ReduceOp::BXOR: r = ReduceOp::kBxor; break;
     default:
       fail("reduce op ", op.op_ == ::c10d::ReduceOp::PREMUL_SUM ? "PREMUL_SUM" : std::to_string(op.op_).c_str(),
            " is not supported by maestro (supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
   }
+  collectives::checkDefined(r, toDType(dtype));
+  return r;
 }
 
 // Checks shared by every collective's inputs and outputs.

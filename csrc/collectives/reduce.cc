@@ -1,5 +1,6 @@
 #include "collectives/reduce.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -173,9 +174,12 @@ const char* reduceOpName(ReduceOp op) {
   return "?";
 }
 
+namespace {
 bool isBitwise(ReduceOp op) { return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor; }
+}  // namespace
 
 bool defined(ReduceOp op, DType dtype) {
+  if (op == ReduceOp::kAvg) return dtype != DType::kBool;
   if (!isBitwise(op)) return true;
   switch (dtype) {
     case DType::kFloat32:
@@ -184,6 +188,14 @@ bool defined(ReduceOp op, DType dtype) {
     case DType::kBFloat16: return false;
     default: return true;
   }
+}
+
+void checkDefined(ReduceOp op, DType dtype) {
+  if (defined(op, dtype)) return;
+  std::string name = reduceOpName(op);
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (isBitwise(op)) fail("ReduceOp.", name, " is defined for integer and bool tensors only, not ", dtypeName(dtype));
+  fail("ReduceOp.", name, " is not defined for ", dtypeName(dtype), " tensors");
 }
 
 float halfToFloat(uint16_t h) {

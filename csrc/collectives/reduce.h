@@ -18,9 +18,11 @@ enum class ReduceOp : uint8_t { kSum = 1, kAvg, kMin, kMax, kProduct, kBand, kBo
 size_t dtypeSize(DType dtype);
 const char* dtypeName(DType dtype);
 const char* reduceOpName(ReduceOp op);
-bool isBitwise(ReduceOp op);
-// Whether `op` is defined on `dtype` (the bitwise ops: integers and bool).
+// Whether `op` is defined on `dtype`: the bitwise ops on integers and bool
+// only, AVG on everything but bool.
 bool defined(ReduceOp op, DType dtype);
+// Throws, saying why, where `op` is not defined on `dtype`.
+void checkDefined(ReduceOp op, DType dtype);
 
 // dst[i] = dst[i] op src[i] for i < count. AVG reduces as SUM (see finishAvg).
 void reduceInto(DType dtype, ReduceOp op, void* dst, const void* src, size_t count);

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "collectives/reduce.h"
 
@@ -42,16 +44,23 @@ TEST(BFloat16, RoundTripsAndRounds) {
   EXPECT_EQ(0x3f82, floatToBfloat16(1.01171875f));  // tie -> even (up)
 }
 
+// Two vectors of n values drawn from [lo, hi] (seeded: the same every run).
 template <typename T>
-void checkOps(DType dt) {
-  std::mt19937 rng(42);
-  std::uniform_int_distribution<int> d(-100, 100);
-  const size_t n = 1000;
+std::pair<std::vector<T>, std::vector<T>> randomPair(unsigned seed, int lo, int hi, size_t n) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(lo, hi);
   std::vector<T> a(n), b(n);
   for (size_t i = 0; i < n; ++i) {
     a[i] = static_cast<T>(d(rng));
     b[i] = static_cast<T>(d(rng));
   }
+  return {a, b};
+}
+
+template <typename T>
+void checkOps(DType dt) {
+  const size_t n = 1000;
+  auto [a, b] = randomPair<T>(42, -100, 100, n);
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kAvg}) {
     std::vector<T> x = a;
     reduceInto(dt, op, x.data(), b.data(), n);
@@ -81,14 +90,8 @@ TEST(Reduce, EveryOpOnEveryPlainDtype) {
 
 template <typename T>
 void checkBitwise(DType dt) {
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int> d(-128, 127);
   const size_t n = 333;
-  std::vector<T> a(n), b(n);
-  for (size_t i = 0; i < n; ++i) {
-    a[i] = static_cast<T>(d(rng));
-    b[i] = static_cast<T>(d(rng));
-  }
+  auto [a, b] = randomPair<T>(7, -128, 127, n);
   for (ReduceOp op : {ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
     ASSERT_TRUE(defined(op, dt));
     std::vector<T> x = a;
@@ -124,7 +127,10 @@ TEST(Reduce, BitwiseOpsAreRefusedOnFloatingPoint) {
   for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     EXPECT_FALSE(defined(ReduceOp::kBor, dt)) << dtypeName(dt);
     EXPECT_TRUE(defined(ReduceOp::kSum, dt));
+    EXPECT_TRUE(defined(ReduceOp::kAvg, dt));
   }
+  EXPECT_FALSE(defined(ReduceOp::kAvg, DType::kBool));
+  EXPECT_THROW(checkDefined(ReduceOp::kBand, DType::kFloat16), std::exception);
   float a[1] = {1}, b[1] = {2};
   EXPECT_THROW(reduceInto(DType::kFloat32, ReduceOp::kBxor, a, b, 1), std::exception);
 }
