@@ -398,16 +398,21 @@ class SlowSink : public RecordingSink {
 class RawPeerSlowSink : public RawPeer {
   void configure(transport::TransportOptions& o) override { o.sink = &slow_; }
  protected:
+  // The raw peer writes 50 bytes; shutdown() runs while the sink is still
+  // in that write's arrival callback.
+  void shutdownDuringArrival() {
+    ASSERT_EQ(0u, hello(0, 0));
+    sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
+    auto deadline = after(10);
+    while (!slow_.in_callback && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(slow_.in_callback.load());
+    t_->shutdown();
+  }
   SlowSink slow_;
 };
 
 TEST_F(RawPeerSlowSink, ShutdownWaitsForACompletionInProgress) {
-  ASSERT_EQ(0u, hello(0, 0));
-  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
-  auto deadline = after(10);
-  while (!slow_.in_callback && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(slow_.in_callback.load());
-  t_->shutdown();
+  ASSERT_NO_FATAL_FAILURE(shutdownDuringArrival());
   EXPECT_TRUE(slow_.returned.load()) << "shutdown() returned while the sink was still being called";
 }
 
@@ -417,12 +422,7 @@ TEST_F(RawPeerSlowSink, ShutdownWaitsForACompletionInProgress) {
 // which only that ACK completes, must not fail because the receiver's
 // finished first.
 TEST_F(RawPeerSlowSink, AWriteThatLandedIsAcknowledgedEvenWhenShutdownFollowsItsArrival) {
-  ASSERT_EQ(0u, hello(0, 0));
-  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
-  auto deadline = after(10);
-  while (!slow_.in_callback && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_TRUE(slow_.in_callback.load());
-  t_->shutdown();
+  ASSERT_NO_FATAL_FAILURE(shutdownDuringArrival());
   FrameHeader ack{};
   ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack)) << "the connection closed without acknowledging the write";
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
