@@ -12,7 +12,6 @@ own batch of a synthetic next-token task, the same one on every backend (fixed
 seeds), so maestro and gloo print the same losses. Rank 0 prints one line per
 step (the mean loss over the ranks) and a summary.
 """
-import argparse
 import time
 
 import torch
@@ -21,6 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+
+from common import join_group, maestro_traffic, parser
 
 VOCAB, DIM, HEADS, LAYERS, SEQ = 64, 64, 4, 2, 16
 
@@ -68,27 +69,12 @@ def batch(seed, rank, step, size):
     return seq[:, :-1], seq[:, 1:]
 
 
-def maestro_traffic(group=None) -> str:
-    """How much this rank sent over maestro's paths ("" on another backend)."""
-    if dist.get_backend(group) != "maestro":
-        return ""
-    import maestro_torch
-
-    sent = [s["bytes_sent"] for s in maestro_torch.path_stats(group)]
-    return f", rank 0 sent {sum(sent) / 1e6:.2f} MB over {sum(1 for b in sent if b)} maestro paths"
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="maestro", help="maestro or gloo (CPU)")
-    ap.add_argument("--steps", type=int, default=5)
+    ap = parser(__doc__, steps=5)
     ap.add_argument("--batch", type=int, default=8, help="samples per rank and step")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    torch.set_num_threads(1)  # the same kernels on every run: deterministic losses
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = join_group(args.backend)
     mesh = init_device_mesh("cpu", (world,))
 
     torch.manual_seed(args.seed)  # the same full model on every rank before sharding

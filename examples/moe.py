@@ -17,13 +17,14 @@ way, reversed; backward moves the gradients along the same routes. Rank 0
 prints the mean loss over the ranks per step and a summary with the tokens
 each expert got in the last step.
 """
-import argparse
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from common import join_group, maestro_traffic, parser
 
 IN, DIM, HIDDEN, CLASSES = 16, 32, 128, 8
 AUX_WEIGHT = 0.01  # Switch Transformer's load-balancing loss
@@ -98,27 +99,12 @@ def batch(seed, rank, step, size, teacher):
     return x, y
 
 
-def maestro_traffic(group=None) -> str:
-    """How much this rank sent over maestro's paths ("" on another backend)."""
-    if dist.get_backend(group) != "maestro":
-        return ""
-    import maestro_torch
-
-    sent = [s["bytes_sent"] for s in maestro_torch.path_stats(group)]
-    return f", rank 0 sent {sum(sent) / 1e6:.2f} MB over {sum(1 for b in sent if b)} maestro paths"
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="maestro", help="maestro or gloo (CPU)")
-    ap.add_argument("--steps", type=int, default=6)
+    ap = parser(__doc__, steps=6)
     ap.add_argument("--tokens", type=int, default=64, help="tokens per rank and step")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    torch.set_num_threads(1)  # the same kernels on every run: deterministic losses
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = join_group(args.backend)
 
     torch.manual_seed(args.seed)  # shared layers and the teacher: the same on every rank
     model = Model(world)

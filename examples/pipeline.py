@@ -15,7 +15,6 @@ it (the mean over the microbatches, broadcast from the last stage) and a
 summary. The same model is cut differently for 2 or 4 stages, so any number of
 stages trains the same way.
 """
-import argparse
 import time
 
 import torch
@@ -23,6 +22,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from common import join_group, maestro_traffic, parser
 
 IN, DIM, CLASSES, BLOCKS = 32, 128, 10, 4
 
@@ -62,29 +63,14 @@ def batch(seed, step, size, teacher):
     return x, y
 
 
-def maestro_traffic(group=None) -> str:
-    """How much this rank sent over maestro's paths ("" on another backend)."""
-    if dist.get_backend(group) != "maestro":
-        return ""
-    import maestro_torch
-
-    sent = [s["bytes_sent"] for s in maestro_torch.path_stats(group)]
-    return f", rank 0 sent {sum(sent) / 1e6:.2f} MB over {sum(1 for b in sent if b)} maestro paths"
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="maestro", help="maestro or gloo (CPU)")
-    ap.add_argument("--steps", type=int, default=5)
+    ap = parser(__doc__, steps=5)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    torch.set_num_threads(1)  # the same kernels on every run: deterministic losses
-    dist.init_process_group(args.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = join_group(args.backend)
     if BLOCKS % world:
         raise SystemExit(f"{BLOCKS} blocks do not split into {world} stages: use 1, 2 or 4 ranks")
 

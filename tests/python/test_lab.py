@@ -8,6 +8,7 @@ spines. Needs root."""
 import json
 import os
 import sys
+import tempfile
 import time
 
 import pytest
@@ -84,7 +85,7 @@ def test_spine_link_cut_while_idle_is_found_by_probes_alone():
     # scheduler). Every other path stays up; the cut ones come back with the
     # link, and an allreduce afterwards is exact.
     timeout = 1  # MAESTRO_PATH_TIMEOUT: an idle path is declared down after twice this
-    with lab("ti", mode="pinned") as l, __import__("tempfile").TemporaryDirectory() as signals:
+    with lab("ti", mode="pinned") as l, tempfile.TemporaryDirectory() as signals:
         ranks = labrun.start(l, ["tests/python/idle_cut_worker.py", signals, "1", "30"],
                              env={"MAESTRO_PATH_TIMEOUT": str(timeout)})
         for r in range(4):
