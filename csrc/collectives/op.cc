@@ -124,6 +124,14 @@ void OpContext::run(const std::function<bool()>& step, const std::function<std::
   for (;;) {
     uint64_t seen = engine_.eventCount();
     if (step()) return;
+    // A peer is marked unreachable only after everything it sent before it
+    // left (its goodbye, then its connections' close) has been delivered.
+    // That may have happened since step() looked -- the last message of a
+    // neighbour that finished first and destroyed its group -- so look once
+    // more before failing: this operation may need nothing more from it.
+    bool all_reachable = true;
+    for (int peer : depends()) all_reachable = all_reachable && engine_.reachable(peer);
+    if (!all_reachable && step()) return;
     checkHealth(depends());
     if (!engine_.waitEvent(seen, deadline_) && Clock::now() >= deadline_) {
       // " timeout ": the word torch's tests and log scrapers match.

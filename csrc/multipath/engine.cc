@@ -191,6 +191,12 @@ void Engine::checkPeer(int peer) {
   if (p.unreachable) throw Error(p.error);
 }
 
+bool Engine::reachable(int peer) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  return !p.unreachable;
+}
+
 // ---------------------------------------------------------------- sending
 
 std::vector<PathView> Engine::views(const Peer& peer) const {

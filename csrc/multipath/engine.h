@@ -203,6 +203,8 @@ class Engine : public transport::CompletionSink {
   bool waitEvent(uint64_t seen, Deadline deadline);
   // Throws if `peer` can no longer be reached (every path down).
   void checkPeer(int peer);
+  // False once the peer is unreachable (checkPeer() would throw).
+  bool reachable(int peer);
 
   // ---- introspection ----
   std::vector<PathStats> pathStats() const;
