@@ -1,7 +1,8 @@
 // libFuzzer target: a byte stream from a TCP peer, as a path's receiver
 // reads it -- frame headers checked by checkHeader(), WRITEs checked against
 // a region table and landed with their full length (so AddressSanitizer sees
-// any write a bounds check let through), SENDs and payloads skipped.
+// any write a bounds check let through; a write by reference lands as many
+// bytes, copied from the peer), SENDs, OFFERs and payloads skipped.
 //
 // The regions are exact-size heap allocations. A real key is 64 random bits
 // the fuzzer cannot guess: a header whose key is 0x6b6579 ("key") is given
@@ -59,7 +60,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&h, data + at, sizeof h);
     at += sizeof h;
     if (!checkHeader(h).empty()) return 0;  // the path fails here
-    const size_t payload = static_cast<size_t>(std::min<uint64_t>(h.length, size - at));
+    const bool by_reference = h.type == static_cast<uint8_t>(FrameType::kWrite) &&
+                              (h.flags & maestro::transport::tcp::kFlagByReference);
+    // A write by reference carries the payload's address, not the payload.
+    const size_t payload = static_cast<size_t>(std::min<uint64_t>(by_reference ? 8 : h.length, size - at));
     if (h.type == static_cast<uint8_t>(FrameType::kWrite)) {
       if (h.key == kUseRealKey)
         for (size_t i = 0; i < t->regions.size(); ++i)
@@ -70,7 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (verdict == RegionTable::Verdict::kRejected) return 0;  // the path fails here
       if (verdict == RegionTable::Verdict::kGranted) {
         std::memset(grant.dst(), 0xA5, h.length);  // every byte the frame may land
-        std::memcpy(grant.dst(), data + at, payload);
+        if (!by_reference) std::memcpy(grant.dst(), data + at, payload);
       }
     }
     at += payload;

@@ -242,6 +242,15 @@ std::vector<Knob> buildKnobs() {
          if (name != "auto" && name != "kernel") net::checkCongestion(name, "MAESTRO_TCP_CONGESTION");
          c.tcp_congestion = name;
        }},
+      {"tcp_single_copy", "MAESTRO_TCP_SINGLE_COPY", "auto",
+       "tcp: auto = a peer that proves it is a process of this host, in this network namespace, gets "
+       "write payloads by reference and copies them straight from the sender's memory (process_vm_readv: one "
+       "copy, no TCP stack; needs the kernel to let the ranks read each other, as for ptrace); off = payloads "
+       "always cross the socket",
+       false, [](const Config& c) { return c.tcp_single_copy; },
+       [](Config& c, const std::string& v) {
+         c.tcp_single_copy = oneOf("MAESTRO_TCP_SINGLE_COPY", v, {"auto", "off"});
+       }},
       {"hunt", "MAESTRO_HUNT", "auto",
        "path hunting: re-open a path that stays much slower than its siblings from a source port that ECMP "
        "hashes onto another core route (predicted by discovery's probes; blind re-hash without discovery); "

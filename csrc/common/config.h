@@ -47,6 +47,7 @@ struct Config {
   int probe_ttl = 2;                    // hops from a host to the core (spine) layer
   int candidates = 8;                   // discovery: most candidate connections per wanted path
   std::string tcp_congestion = "auto";  // tcp: auto | kernel | a congestion control (net::chooseCongestion)
+  std::string tcp_single_copy = "auto"; // tcp: auto (same-host peers: cross-memory attach) | off
   // Path hunting: a path persistently slower than its siblings is re-opened
   // from a source port that lands on another core route.
   std::string hunt = "auto";            // auto (on where discovery runs) | on | off

@@ -148,6 +148,7 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     options.max_inflight_per_path = config.window;
     options.busy_poll = config.busy_poll;
     options.tcp_congestion = net::chooseCongestion(config.tcp_congestion, &mesh.congestion_why);
+    options.single_copy = config.tcp_single_copy == "auto";
     std::string secret_hex;
     if (rank_ == 0) {
       for (size_t i = 0; i < options.secret.size(); i += 8) {

@@ -15,6 +15,11 @@ TEST(FrameHeader, WellFormedFramesPass) {
   EXPECT_EQ("", checkHeader(writeFrame(1, 2, 3, 0, false, 0)));
   EXPECT_EQ("", checkHeader(sendFrame(kMaxControlBytes)));
   EXPECT_EQ("", checkHeader(ackFrame(17)));
+  EXPECT_EQ("", checkHeader(offerFrame()));
+  EXPECT_EQ("", checkHeader(acceptFrame()));
+  FrameHeader by_reference = writeFrame(1, 2, 3, 4, true, 5);
+  by_reference.flags |= kFlagByReference;
+  EXPECT_EQ("", checkHeader(by_reference));
 }
 
 TEST(FrameHeader, EveryMalformedFieldIsRejected) {
@@ -32,7 +37,7 @@ TEST(FrameHeader, EveryMalformedFieldIsRejected) {
   h.reserved = 2;
   EXPECT_TRUE(bad(h));
   h = w;
-  h.flags = 2;
+  h.flags = 4;
   EXPECT_TRUE(bad(h));
   h = w;
   h.length = kMaxWritePayload + 1;
@@ -56,6 +61,25 @@ TEST(FrameHeader, EveryMalformedFieldIsRejected) {
   h = a;
   h.key = 1;
   EXPECT_TRUE(bad(h));
+  // OFFER: exactly one same_host::Offer, no other field; ACCEPT: nothing.
+  for (int f = 0; f < 7; ++f) {
+    h = offerFrame();
+    if (f == 0) h.flags = 1;
+    if (f == 1) h.region = 1;
+    if (f == 2) h.imm = 1;
+    if (f == 3) h.key = 1;
+    if (f == 4) h.offset = 1;
+    if (f == 5) h.length -= 1;
+    if (f == 6) h.length = kMaxControlBytes;
+    EXPECT_TRUE(bad(h)) << "OFFER field " << f;
+  }
+  for (int f = 0; f < 3; ++f) {
+    h = acceptFrame();
+    if (f == 0) h.flags = 1;
+    if (f == 1) h.length = 1;
+    if (f == 2) h.offset = 1;
+    EXPECT_TRUE(bad(h)) << "ACCEPT field " << f;
+  }
 }
 
 class Regions : public ::testing::Test {

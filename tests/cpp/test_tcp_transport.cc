@@ -13,13 +13,17 @@
 
 #include "common/net.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/same_host.h"
 #include "transport_contract.h"
 
 namespace maestro {
 namespace testing {
 
 INSTANTIATE_TEST_SUITE_P(Tcp, TransportContract,
-                         ::testing::Values(ContractParam{"tcp", {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"}}),
+                         ::testing::Values(ContractParam{"tcp", {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"}},
+                                           ContractParam{"tcp",
+                                                         {"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"},
+                                                         true}),
                          contractName);
 
 namespace {
@@ -518,6 +522,180 @@ TEST_F(RawPeer, StaleWritesAreDrainedNotWritten) {
   for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(i >= kGuard && i < kGuard + 8 ? 0xA1 : 0x5C, memory_[i]) << i;
   EXPECT_TRUE(sink_.errorsNow().empty());
 }
+
+
+// ---- single copy (same_host.h) -------------------------------------------
+// The raw peer is this very process: its offer is a real one (its pid, a
+// cookie in its memory, its own liveness word), so the transport may read
+// the payloads of its by-reference writes straight from here.
+class RawPeerSingleCopy : public RawPeer {
+ protected:
+  void configure(transport::TransportOptions& o) override { o.single_copy = true; }
+  // Read frames until one of `type` arrives (skipping ACKs); false at EOF.
+  bool readUntil(transport::tcp::FrameType type, FrameHeader* out, std::vector<uint8_t>* payload = nullptr) {
+    for (;;) {
+      FrameHeader h;
+      if (!net::readFull(fd_, &h, sizeof h)) return false;
+      std::vector<uint8_t> bytes(h.type == static_cast<uint8_t>(transport::tcp::FrameType::kAck) ? 0 : h.length);
+      if (!bytes.empty() && !net::readFull(fd_, bytes.data(), bytes.size())) return false;
+      if (h.type == static_cast<uint8_t>(type)) {
+        *out = h;
+        if (payload) *payload = std::move(bytes);
+        return true;
+      }
+    }
+  }
+  // A by-reference write of `length` bytes at `src` (in this process).
+  void sendByReference(uint64_t offset, size_t length, const void* src, uint32_t imm) {
+    FrameHeader h = transport::tcp::writeFrame(region_.id, key_, offset, length, true, imm);
+    h.flags |= transport::tcp::kFlagByReference;
+    uint64_t address = reinterpret_cast<uint64_t>(src);
+    net::writeFull(fd_, &h, sizeof h);
+    net::writeFull(fd_, &address, sizeof address);
+  }
+  void offer(const transport::tcp::same_host::Offer& o) {
+    FrameHeader h = transport::tcp::offerFrame();
+    net::writeFull(fd_, &h, sizeof h);
+    net::writeFull(fd_, &o, sizeof o);
+  }
+  std::atomic<uint64_t>* alive_ = transport::tcp::same_host::newLivenessWord();
+};
+
+TEST_F(RawPeerSingleCopy, TheTransportOffersItselfWithAValidOffer) {
+  ASSERT_EQ(0u, hello(0, 0));
+  FrameHeader h;
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(readUntil(transport::tcp::FrameType::kOffer, &h, &bytes));
+  ASSERT_EQ(sizeof(transport::tcp::same_host::Offer), bytes.size());
+  transport::tcp::same_host::Offer o;
+  std::memcpy(&o, bytes.data(), sizeof o);
+  EXPECT_EQ(static_cast<uint64_t>(::getpid()), o.pid);
+  EXPECT_EQ("", transport::tcp::same_host::verify(o));  // the cookie it names is really there
+}
+
+// After the offer is accepted, a by-reference write lands exactly where a
+// payload on the socket would, and is ACKed; once the writer's connection
+// is marked dead, its by-reference writes are dropped unread (their copies
+// sent elsewhere may already have landed, and the buffer been reused).
+TEST_F(RawPeerSingleCopy, ByReferenceWritesLandAfterAnAcceptedOfferAndNotOnceTheSenderIsGone) {
+  ASSERT_EQ(0u, hello(0, 0));
+  offer(transport::tcp::same_host::makeOffer(alive_));
+  FrameHeader accept;
+  ASSERT_TRUE(readUntil(transport::tcp::FrameType::kAccept, &accept));
+  std::vector<uint8_t> first(50, 0xB7), second(50, 0xC3);
+  sendByReference(100, first.size(), first.data(), 7);
+  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  EXPECT_EQ(7u, sink_.arrivals[0].first);
+  EXPECT_EQ(50u, sink_.arrivals[0].second);
+  alive_->store(0);
+  sendByReference(200, second.size(), second.data(), 8);
+  FrameHeader ack{};
+  while (ack.offset < 2) ASSERT_TRUE(readUntil(transport::tcp::FrameType::kAck, &ack)) << "both writes are ACKed";
+  for (size_t i = 0; i < memory_.size(); ++i)
+    ASSERT_EQ((i >= kGuard + 100 && i < kGuard + 150) ? 0xB7 : 0x5C, memory_[i]) << i;
+  EXPECT_EQ(1u, sink_.arrivals.size()) << "the dropped write raised no arrival";
+  EXPECT_TRUE(sink_.errorsNow().empty());
+}
+
+// A by-reference write is checked against the region like any other: one
+// that would overrun it fails the path and nothing is copied.
+TEST_F(RawPeerSingleCopy, AByReferenceWritePastTheRegionIsRejected) {
+  ASSERT_EQ(0u, hello(0, 0));
+  offer(transport::tcp::same_host::makeOffer(alive_));
+  FrameHeader accept;
+  ASSERT_TRUE(readUntil(transport::tcp::FrameType::kAccept, &accept));
+  std::vector<uint8_t> source(64, 0xD4);
+  sendByReference(4090, source.size(), source.data(), 1);
+  EXPECT_NE(std::string::npos, waitError().find("overruns"));
+  expectUntouched();
+}
+
+// Without an accepted offer, a by-reference write fails the path: the
+// receiver never reads a process it has not verified.
+TEST_F(RawPeerSingleCopy, AByReferenceWriteWithoutAnAcceptedOfferFailsThePath) {
+  ASSERT_EQ(0u, hello(0, 0));
+  std::vector<uint8_t> source(64, 0xD4);
+  sendByReference(0, source.size(), source.data(), 1);
+  EXPECT_NE(std::string::npos, waitError().find("offer was not accepted"));
+  expectUntouched();
+}
+
+TEST_F(RawPeerSingleCopy, AnOfferWhoseCookieIsNotThereIsNotAccepted) {
+  ASSERT_EQ(0u, hello(0, 0));
+  transport::tcp::same_host::Offer o = transport::tcp::same_host::makeOffer(alive_);
+  o.cookie[0] ^= 1;  // what another host's process at the same pid would show
+  offer(o);
+  std::vector<uint8_t> source(64, 0xD4);
+  sendByReference(0, source.size(), source.data(), 1);
+  EXPECT_NE(std::string::npos, waitError().find("offer was not accepted"));
+  expectUntouched();
+}
+
+TEST(SameHost, AnOfferFromAnotherNetworkNamespaceOrNoProcessIsRefused) {
+  auto* alive = transport::tcp::same_host::newLivenessWord();
+  transport::tcp::same_host::Offer o = transport::tcp::same_host::makeOffer(alive);
+  EXPECT_EQ("", transport::tcp::same_host::verify(o));
+  o.pid = 0;
+  EXPECT_NE("", transport::tcp::same_host::verify(o));
+  o.pid = 1u << 30;  // no such process
+  EXPECT_NE(std::string::npos, transport::tcp::same_host::verify(o).find("cannot read"));
+}
+
+// Two transports in this process with single copy on: once a path's offer
+// is accepted (its ACCEPT overtakes the ACK of any later write), every
+// payload on it goes by reference -- the path counts those bytes -- and
+// lands exactly, while with single copy off no path counts any.
+class TcpSingleCopyPair : public TransportContract {
+ protected:
+  uint64_t referenceBytes() {
+    uint64_t sum = 0;
+    for (int i = 0; i < paths_; ++i) {
+      auto c = t_[0]->pathCounters(1, i).counters;
+      auto it = c.find("single_copy_bytes_sent");
+      if (it != c.end()) sum += it->second;
+    }
+    return sum;
+  }
+  void roundOfWrites(size_t bytes) {
+    std::vector<uint8_t> src(bytes), dst(bytes, 0);
+    for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 17 + 3);
+    Region local = t_[0]->registerMemory(src.data(), src.size());
+    Region remote = t_[1]->registerMemory(dst.data(), dst.size());
+    RemoteRegion rr = toRemote(remote);
+    rr.key = t_[1]->expose(remote);
+    size_t before = sinks_[0].completed.size();
+    auto chunks = multipath::decompose(bytes, 64 * 1024);
+    for (const auto& c : chunks) {
+      transport::WriteRequest w;
+      w.local = local;
+      w.src = src.data() + c.offset;
+      w.length = c.length;
+      w.remote = rr;
+      w.remote_offset = c.offset;
+      w.wr_id = c.index;
+      t_[0]->postWrite(1, static_cast<int>(c.index % paths_), w);
+    }
+    ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == before + chunks.size(); }));
+    EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), bytes));
+    t_[1]->conceal(remote);
+    t_[1]->deregisterMemory(remote);
+    t_[0]->deregisterMemory(local);
+  }
+};
+
+TEST_P(TcpSingleCopyPair, PayloadsGoByReferenceOnlyWhereSingleCopyIsOn) {
+  const size_t bytes = 1 << 20;
+  ASSERT_NO_FATAL_FAILURE(roundOfWrites(bytes));  // every path's offer is accepted by its end
+  uint64_t before = referenceBytes();
+  ASSERT_NO_FATAL_FAILURE(roundOfWrites(bytes));
+  EXPECT_EQ(GetParam().single_copy ? bytes : 0u, referenceBytes() - before);
+  EXPECT_TRUE(sinks_[0].errorsNow().empty() && sinks_[1].errorsNow().empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Tcp, TcpSingleCopyPair,
+                         ::testing::Values(ContractParam{"tcp", {"127.0.0.1", "127.0.0.2"}},
+                                           ContractParam{"tcp", {"127.0.0.1", "127.0.0.2"}, true}),
+                         contractName);
 
 }  // namespace testing
 }  // namespace maestro

@@ -29,9 +29,12 @@ namespace testing {
 struct ContractParam {
   std::string kind;                 // "tcp" | "verbs"
   std::vector<std::string> vnics;   // local addresses; path i uses vnics[i]
+  bool single_copy = false;         // tcp: payloads by cross-memory attach (both ranks are this process)
 };
 
-inline std::string contractName(const ::testing::TestParamInfo<ContractParam>& info) { return info.param.kind; }
+inline std::string contractName(const ::testing::TestParamInfo<ContractParam>& info) {
+  return info.param.kind + (info.param.single_copy ? "SingleCopy" : "");
+}
 
 // Two transports (ranks 0 and 1) in one process, `paths` paths between them,
 // path i from rank 0's vnics[i] to rank 1's vnics[i].
@@ -47,6 +50,7 @@ class TransportContract : public ::testing::TestWithParam<ContractParam> {
       for (size_t i = 0; i < o.secret.size(); ++i) o.secret[i] = static_cast<uint8_t>(i * 7 + 1);
       o.sink = &sinks_[r];
       o.max_inflight_per_path = 8;
+      o.single_copy = p.single_copy;
       secret_ = o.secret;
       t_[r] = transport::makeTransport(p.kind, o);
     }

@@ -204,11 +204,12 @@ def device_string(rank, world):
     return {"ok": bool(torch.all(t == world)), "transport": maestro_torch.backend_of().transport}
 
 
-def path_share(rank, world):
+def path_share(rank, world, single_copy="auto"):
     import maestro_torch
 
     # reno: built into every kernel, and not this machine's default (bbr).
-    _init(pg_options=maestro_torch.Options(paths=4, policy="round_robin", tcp_congestion="reno"))
+    _init(pg_options=maestro_torch.Options(paths=4, policy="round_robin", tcp_congestion="reno",
+                                           tcp_single_copy=single_copy))
     t = torch.ones(16 * 1024 * 1024)  # 64 MiB of float32
     dist.all_reduce(t)
     ok = bool(torch.all(t == world))

@@ -137,8 +137,9 @@ def test_options_and_subgroups():
             assert v["sub_stats_peers"] == [2 - rank], "the subgroup's peer is the other member"
 
 
-def test_each_path_carries_a_fair_share_of_a_large_allreduce():
-    values = ok_values(run_ranks(2, scenarios.path_share, timeout=180))
+@pytest.mark.parametrize("single_copy", ["auto", "off"])
+def test_each_path_carries_a_fair_share_of_a_large_allreduce(single_copy):
+    values = ok_values(run_ranks(2, scenarios.path_share, single_copy, timeout=180))
     for rank, v in enumerate(values):
         assert v["ok"]
         sent = [s["bytes_sent"] for s in v["stats"]]
@@ -149,7 +150,16 @@ def test_each_path_carries_a_fair_share_of_a_large_allreduce():
             assert abs(b - total / 4) <= 0.05 * total / 4, f"rank {rank} path {p}: {b} of {total} bytes"
         for s in v["stats"]:  # the path's own TCP counters, and the congestion control asked for
             assert s["congestion"] == "reno", s
-            assert s["path_counters"]["tcp_bytes_sent"] >= s["bytes_sent"], s
+            counters = s["path_counters"]
+            if single_copy == "off":
+                assert "single_copy_bytes_sent" not in counters, s
+                assert counters["tcp_bytes_sent"] >= s["bytes_sent"], s
+            else:
+                # Both ranks are processes of this host: once a path's offer
+                # is accepted (at set-up), its payloads go by reference.
+                by_reference = counters["single_copy_bytes_sent"]
+                assert by_reference >= 0.9 * s["bytes_sent"], s
+                assert counters["tcp_bytes_sent"] + by_reference >= s["bytes_sent"], s
 
 
 def test_info_logging_prints_knobs_and_path_table():
@@ -162,6 +172,7 @@ def test_info_logging_prints_knobs_and_path_table():
         # What the automatic knobs chose, in the set-up line.
         assert "chunks of 262144 bytes" in log, log
         assert ", congestion control " in log, log
+        assert "single copy: rank " in log, "the same-host single copy is not announced"
         assert "127.0.0.4" in log and "sent MB" in log, "path table missing"
         assert "path statistics at shutdown" in log
 

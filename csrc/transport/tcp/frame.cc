@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "common/secret.h"
+#include "transport/tcp/same_host.h"
 #include "transport/transport.h"
 
 namespace maestro {
@@ -13,7 +14,7 @@ std::string checkHeader(const FrameHeader& h) {
   if (h.reserved != 0) return "reserved header bits set";
   switch (static_cast<FrameType>(h.type)) {
     case FrameType::kWrite:
-      if ((h.flags & ~kFlagImm) != 0) return strcat("unknown WRITE flags 0x", std::hex, int(h.flags));
+      if ((h.flags & ~(kFlagImm | kFlagByReference)) != 0) return strcat("unknown WRITE flags 0x", std::hex, int(h.flags));
       if (h.length > kMaxWritePayload)
         return strcat("WRITE of ", h.length, " bytes exceeds the ", kMaxWritePayload, "-byte frame limit");
       return "";
@@ -26,6 +27,16 @@ std::string checkHeader(const FrameHeader& h) {
     case FrameType::kAck:
       if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.length != 0)
         return "ACK frame with payload fields set";
+      return "";
+    case FrameType::kOffer:
+      if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.offset != 0)
+        return "OFFER frame with WRITE fields set";
+      if (h.length != sizeof(same_host::Offer))
+        return strcat("OFFER of ", h.length, " bytes, not ", sizeof(same_host::Offer));
+      return "";
+    case FrameType::kAccept:
+      if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.offset != 0 || h.length != 0)
+        return "ACCEPT frame with fields set";
       return "";
 
   }
@@ -49,6 +60,19 @@ FrameHeader sendFrame(uint64_t length) {
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::kSend);
   h.length = length;
+  return h;
+}
+
+FrameHeader offerFrame() {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kOffer);
+  h.length = sizeof(same_host::Offer);
+  return h;
+}
+
+FrameHeader acceptFrame() {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kAccept);
   return h;
 }
 

@@ -7,6 +7,14 @@
 //   SEND   two-sided control message (<= kMaxControlBytes), copied out.
 //   ACK    `offset` = cumulative count of WRITE frames fully received on this
 //          connection; the sender completes its writes in order (RC ACK).
+//   OFFER  same_host::Offer follows (`length` = its size): the sender's
+//          pid, cookie and liveness word, for single copy (same_host.h).
+//   ACCEPT the receiver verified the offer: WRITEs may now carry
+//          kFlagByReference.
+//
+// A WRITE with kFlagByReference is followed by 8 bytes, the payload's
+// address in the sender's memory, instead of `length` payload bytes; the
+// receiver copies the payload from there (same_host.h).
 //
 // All integers are little-endian (the static_assert below pins the host
 // order rather than byte-swapping on every frame).
@@ -25,8 +33,9 @@ constexpr uint32_t kFrameMagic = 0x5254534d;  // "MSTR"
 constexpr uint32_t kHelloMagic = 0x4c45484d;  // "MHEL"
 constexpr uint16_t kProtocolVersion = 1;
 
-enum class FrameType : uint8_t { kWrite = 1, kSend = 2, kAck = 3 };
+enum class FrameType : uint8_t { kWrite = 1, kSend = 2, kAck = 3, kOffer = 4, kAccept = 5 };
 constexpr uint8_t kFlagImm = 1;
+constexpr uint8_t kFlagByReference = 2;
 
 // Upper bound for one WRITE frame's payload: a chunk, never a whole tensor.
 constexpr uint64_t kMaxWritePayload = 64ull << 20;
@@ -53,6 +62,8 @@ FrameHeader writeFrame(uint32_t region, uint64_t key, uint64_t offset, uint64_t 
                        uint32_t imm);
 FrameHeader sendFrame(uint64_t length);
 FrameHeader ackFrame(uint64_t writes_received);
+FrameHeader offerFrame();
+FrameHeader acceptFrame();
 
 // Connection handshake: the connecting side sends HelloWire, the accepting
 // side answers HelloReply and closes the connection unless status is kOk.

@@ -31,14 +31,15 @@ constexpr size_t kReceiveBudget = 4u << 20;
 }  // namespace
 
 TcpPath::TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink, RegionTable* regions,
-                 EventLoop* loop)
+                 EventLoop* loop, bool single_copy)
     : fd_(fd),
       peer_(peer),
       path_(path),
       description_(std::move(description)),
       sink_(sink),
       regions_(regions),
-      loop_(loop) {
+      loop_(loop),
+      alive_(single_copy ? same_host::newLivenessWord() : nullptr) {
   net::setNoDelay(fd_);
   int flags = ::fcntl(fd_, F_GETFL, 0);
   MAESTRO_CHECK(flags >= 0 && ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK) == 0, "cannot make path ", path_,
@@ -46,9 +47,20 @@ TcpPath::TcpPath(int fd, int peer, int path, std::string description, Completion
   batch_.reserve(kMaxBatchFrames);  // iov_ points into it
 }
 
-void TcpPath::start() { loop_id_ = loop_->add(fd_, shared_from_this(), false); }
+void TcpPath::start() {
+  loop_id_ = loop_->add(fd_, shared_from_this(), false);
+  if (alive_) {
+    same_host::Offer offer = same_host::makeOffer(alive_);
+    postControl(offerFrame(), &offer, sizeof offer);
+  }
+}
+
+void TcpPath::markDead() {
+  if (alive_) alive_->store(0);
+}
 
 TcpPath::~TcpPath() {
+  markDead();
   // Registered paths are held by the loop, so no call of onEvents() is in
   // progress or can follow: the descriptor is ours to close.
   if (failed_) {
@@ -72,6 +84,10 @@ PathCounters TcpPath::counters() const {
     out.counters["tcp_bytes_retrans"] = info.tcpi_bytes_retrans;
   }
   out.counters["tcp_total_retrans"] = info.tcpi_total_retrans;  // segments
+  if (alive_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.counters["single_copy_bytes_sent"] = reference_bytes_;
+  }
   return out;
 }
 
@@ -90,6 +106,7 @@ void TcpPath::stop() {
       });
     }
     stopping_ = true;
+    markDead();  // our memory may go away now: the peer must not read it
   }
   loop_->remove(loop_id_, fd_);
   ::shutdown(fd_, SHUT_RDWR);
@@ -125,6 +142,11 @@ void TcpPath::postWrite(const WriteRequest& req) {
       flushLater();
       return;
     }
+    if (by_reference_ && req.length > 0) {
+      out.header.flags |= kFlagByReference;
+      out.reference = reinterpret_cast<uint64_t>(req.src);
+      reference_bytes_ += req.length;
+    }
     queue_.push_back(std::move(out));
     error = pushLocked();
   }
@@ -134,9 +156,13 @@ void TcpPath::postWrite(const WriteRequest& req) {
 void TcpPath::postSend(const void* data, size_t length) {
   MAESTRO_CHECK(length <= kMaxControlBytes, "control message of ", length, " bytes exceeds ",
                 kMaxControlBytes);
+  postControl(sendFrame(length), data, length);
+}
+
+void TcpPath::postControl(const FrameHeader& header, const void* data, size_t length) {
   Outgoing out;
-  out.header = sendFrame(length);
-  out.owned.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
+  out.header = header;
+  if (length > 0) out.owned.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + length);
   std::string error;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -174,7 +200,9 @@ std::string TcpPath::pushLocked() {
       }
       for (auto& o : batch_) {
         iov_.push_back({&o.header, sizeof o.header});
-        if (o.header.length > 0)
+        if (o.header.flags & kFlagByReference)
+          iov_.push_back({&o.reference, sizeof o.reference});
+        else if (o.header.length > 0)
           iov_.push_back({const_cast<void*>(o.is_write ? o.payload : o.owned.data()), o.header.length});
       }
       if (iov_.empty()) break;
@@ -266,6 +294,8 @@ void TcpPath::receive() {
       if (rx_left_ > 0) continue;
     }
     finishFrame(&error);
+    budget -= std::min(budget, rx_copied_);  // payloads copied by reference count too
+    rx_copied_ = 0;
   }
   if (!error.empty()) {
     {
@@ -282,12 +312,13 @@ void TcpPath::receive() {
   if (!error.empty()) fail(error);
 }
 
+void TcpPath::countLanded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++writes_received_;
+  rx_landed_ = true;
+}
+
 bool TcpPath::finishFrame(std::string* error) {
-  auto landWrite = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++writes_received_;
-    rx_landed_ = true;
-  };
   switch (rx_) {
     case Rx::kHeader: {
       rx_have_ = 0;
@@ -298,12 +329,29 @@ bool TcpPath::finishFrame(std::string* error) {
       }
       switch (static_cast<FrameType>(h.type)) {
         case FrameType::kWrite: {
+          const bool by_reference = (h.flags & kFlagByReference) != 0;
+          if (by_reference && !peer_verified_) {
+            *error = "a write by reference from a peer whose single-copy offer was not accepted";
+            return false;
+          }
           std::string why;
           RegionTable::Grant grant;
           RegionTable::Verdict verdict = regions_->grantWrite(h.region, h.key, h.offset, h.length, &grant, &why);
           if (verdict == RegionTable::Verdict::kRejected) {
             *error = "rejected a write from the peer: " + why;
             return false;
+          }
+          if (by_reference) {
+            // The payload stays in the peer's memory: read its address.
+            rx_reference_granted_ = verdict == RegionTable::Verdict::kGranted;
+            if (rx_reference_granted_) {
+              rx_grant_ = std::move(grant);
+              rx_region_.store(h.region);
+            }
+            rx_dst_ = reinterpret_cast<uint8_t*>(&rx_reference_);
+            rx_left_ = sizeof rx_reference_;
+            rx_ = Rx::kReference;
+            return true;
           }
           rx_left_ = h.length;
           if (verdict == RegionTable::Verdict::kGranted) {
@@ -320,6 +368,7 @@ bool TcpPath::finishFrame(std::string* error) {
           return true;
         }
         case FrameType::kSend:
+        case FrameType::kOffer:
           rx_message_.resize(h.length);
           rx_dst_ = rx_message_.data();
           rx_left_ = h.length;
@@ -329,6 +378,11 @@ bool TcpPath::finishFrame(std::string* error) {
         case FrameType::kAck:
           handleAck(h.offset);
           return true;
+        case FrameType::kAccept: {
+          std::lock_guard<std::mutex> lock(mu_);
+          by_reference_ = alive_ != nullptr;  // an ACCEPT we did not ask for changes nothing
+          return true;
+        }
       }
       *error = "malformed frame from the peer: unknown type";  // checkHeader() let it through
       return false;
@@ -340,21 +394,74 @@ bool TcpPath::finishFrame(std::string* error) {
       // Counted for the ACK before the sink hears of it: the arrival may
       // complete an operation, whose rank may then stop this path at once
       // (destroy_process_group), and stop() sends the ACKs it owes.
-      landWrite();
+      countLanded();
       if (rx_header_.flags & kFlagImm)
         sink_->onWriteArrived(peer_, path_, rx_header_.imm, static_cast<uint32_t>(rx_header_.length));
       return true;
     case Rx::kDrain:
       rx_ = Rx::kHeader;
       MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a stale write of ", rx_header_.length, " bytes");
-      landWrite();
+      countLanded();
       return true;
     case Rx::kMessage:
       rx_ = Rx::kHeader;
-      sink_->onMessage(peer_, path_, rx_message_.data(), rx_message_.size());
+      if (static_cast<FrameType>(rx_header_.type) == FrameType::kOffer)
+        handleOffer();
+      else
+        sink_->onMessage(peer_, path_, rx_message_.data(), rx_message_.size());
       return true;
+    case Rx::kReference:
+      return finishReference(error);
   }
   return true;
+}
+
+bool TcpPath::finishReference(std::string* error) {
+  rx_ = Rx::kHeader;
+  const FrameHeader& h = rx_header_;
+  bool arrived = false;
+  if (rx_reference_granted_) {
+    std::string why;
+    same_host::Read read = same_host::read(peer_offer_, rx_reference_, rx_grant_.dst(), h.length, &why);
+    rx_region_.store(0);
+    rx_grant_.release();
+    rx_reference_granted_ = false;
+    if (read == same_host::Read::kFailed) {
+      *error = strcat("cannot copy a write of ", h.length, " bytes from the peer's memory: ", why);
+      return false;
+    }
+    arrived = read == same_host::Read::kCopied;
+    if (arrived)
+      rx_copied_ += h.length;
+    else  // its connection failed on the sender's side: the write was (or will be) sent again
+      MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a write of ", h.length,
+                    " bytes whose sender's connection is gone");
+  } else {
+    MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a stale write of ", h.length, " bytes");
+  }
+  countLanded();  // ACKed in every case, as a stale write is
+  if (arrived && (h.flags & kFlagImm)) sink_->onWriteArrived(peer_, path_, h.imm, static_cast<uint32_t>(h.length));
+  return true;
+}
+
+void TcpPath::handleOffer() {
+  if (!alive_) return;  // single copy is off here: payloads stay on the socket both ways
+  same_host::Offer offer;
+  std::memcpy(&offer, rx_message_.data(), sizeof offer);  // checkHeader() pinned the length
+  std::string why = same_host::verify(offer);
+  static std::atomic<bool> told{false};  // once per process at INFO, the rest at TRACE
+  const bool tell = !told.exchange(true);
+  if (!why.empty()) {
+    if (tell) MAESTRO_INFO("single copy is not used with rank ", peer_, ", whose payloads stay on the socket: ", why);
+    else MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": no single copy: ", why);
+    return;
+  }
+  if (tell)
+    MAESTRO_INFO("single copy: rank ", peer_, " is a process of this host, so its payloads are copied straight "
+                 "from its memory (cross-memory attach; MAESTRO_TCP_SINGLE_COPY=off keeps them on the socket)");
+  peer_offer_ = offer;
+  peer_verified_ = true;
+  postControl(acceptFrame(), nullptr, 0);
 }
 
 void TcpPath::revoke(uint32_t region) {
@@ -364,7 +471,14 @@ void TcpPath::revoke(uint32_t region) {
 }
 
 void TcpPath::dropGrant(uint32_t region) {
-  if (rx_ != Rx::kPayload || rx_region_.load() != region) return;  // finished meanwhile
+  if (rx_region_.load() != region) return;  // finished meanwhile
+  if (rx_ == Rx::kReference && rx_reference_granted_) {
+    rx_region_.store(0);
+    rx_grant_.release();
+    rx_reference_granted_ = false;  // the address is still read; nothing is copied
+    return;
+  }
+  if (rx_ != Rx::kPayload) return;
   MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": region ", region, " closed with ", rx_left_,
                 " bytes of a write still to come; they are drained");
   rx_region_.store(0);
@@ -375,6 +489,7 @@ void TcpPath::dropGrant(uint32_t region) {
 void TcpPath::resetReceive() {
   rx_region_.store(0);
   rx_grant_.release();
+  rx_reference_granted_ = false;
   rx_ = Rx::kHeader;
   rx_have_ = 0;
   rx_left_ = 0;
@@ -418,6 +533,7 @@ void TcpPath::fail(const std::string& why) {
       return;
     }
     failed_ = true;
+    markDead();  // before any write is flushed (and sent again elsewhere): see same_host.h
     if (!stopping_) {
       // Nothing reads the payloads of the batch after this (every sendmsg()
       // runs under mu_), so every write not yet ACKed completes now.

@@ -11,6 +11,10 @@
 // completes with ok=false -- including writes posted later -- so the layer
 // above can resend them elsewhere.
 //
+// With single copy (same_host.h), each side offers itself at start(); once
+// the peer accepts, writes go by reference and the peer copies their
+// payloads out of this process's memory.
+//
 // The sink is never called from inside postWrite()/postSend() (their caller
 // may hold its own locks): completions that arise there -- a write posted to
 // a failed path, a send that hit a dead socket -- are handed to the loop.
@@ -30,6 +34,7 @@
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/region_table.h"
+#include "transport/tcp/same_host.h"
 #include "transport/transport.h"
 
 namespace maestro {
@@ -39,7 +44,7 @@ namespace tcp {
 class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<TcpPath> {
  public:
   TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink, RegionTable* regions,
-          EventLoop* loop);
+          EventLoop* loop, bool single_copy = false);
   ~TcpPath() override;
   TcpPath(const TcpPath&) = delete;
   TcpPath& operator=(const TcpPath&) = delete;
@@ -57,7 +62,8 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   // Failed, and every write it held has been completed (flushed).
   bool settled() const;
   const std::string& description() const { return description_; }
-  // TCP_INFO's byte counts of this connection and its congestion control.
+  // TCP_INFO's byte counts of this connection and its congestion control,
+  // and the bytes it sent by reference (single copy).
   PathCounters counters() const;
   // The region is being closed while a payload is landing in it (its sender
   // stopped mid-payload): drop the grant and drain the rest. Any thread.
@@ -70,12 +76,13 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   struct Outgoing {
     FrameHeader header;
     const void* payload = nullptr;      // WRITE: registered memory
+    uint64_t reference = 0;             // WRITE by reference: the payload's address, sent instead
     std::vector<uint8_t> owned;         // SEND: a copy of the message
     uint64_t wr_id = 0;
     bool is_write = false;
   };
   // What the receive side is in the middle of (loop thread only).
-  enum class Rx { kHeader, kPayload, kDrain, kMessage };
+  enum class Rx { kHeader, kPayload, kDrain, kMessage, kReference };
 
   // Send what the socket takes, mu_ held. Returns the error that ended the
   // connection ("" while it is fine); never calls the sink.
@@ -83,6 +90,13 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   void receive();                   // loop thread: read until the socket is empty or a budget is spent
   bool finishFrame(std::string* error);  // loop thread: a header or payload is complete
   void handleAck(uint64_t writes_received);
+  // Queue a control frame (SEND, OFFER, ACCEPT) ahead of the writes.
+  void postControl(const FrameHeader& header, const void* data, size_t length);
+  void handleOffer();               // loop thread: the peer's OFFER is in rx_message_
+  // loop thread: a by-reference write's address has arrived; copy it in.
+  bool finishReference(std::string* error);
+  void markDead();
+  void countLanded();               // loop thread: a WRITE frame is done with (the ACK counts it)                  // our liveness word: this connection's writes may not be read
   void fail(const std::string& why);
   void failLater(const std::string& why);  // from a thread that may hold the caller's locks
   void flushLater();                       // complete late_flush_ on the loop thread
@@ -117,6 +131,11 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   bool failed_ = false;
   bool error_raised_ = false;          // onPathError has returned (or was skipped at shutdown)
   bool stopping_ = false;
+  // Single copy, sender side: our liveness word (null: single copy off) and
+  // whether the peer accepted our offer.
+  std::atomic<uint64_t>* const alive_;
+  bool by_reference_ = false;
+  uint64_t reference_bytes_ = 0;       // payload bytes sent by reference
 
   // Receive state: the loop thread's alone.
   Rx rx_ = Rx::kHeader;
@@ -128,6 +147,12 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   std::atomic<uint32_t> rx_region_{0};  // its region id (0: none); read by revoke() on any thread
   std::vector<uint8_t> rx_message_;    // kMessage
   bool rx_landed_ = false;             // a WRITE landed in this receive(): ACK it
+  // Single copy, receiver side.
+  bool peer_verified_ = false;         // the peer's offer checked out: we may read its memory
+  same_host::Offer peer_offer_;        // that offer
+  uint64_t rx_reference_ = 0;          // kReference: the payload's address in the peer
+  bool rx_reference_granted_ = false;  // kReference: rx_grant_ holds the destination
+  size_t rx_copied_ = 0;               // bytes copied by reference in this receive() (its budget)
 };
 
 }  // namespace tcp

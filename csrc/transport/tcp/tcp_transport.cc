@@ -295,7 +295,7 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
       MAESTRO_WARN("path ", path, " to rank ", peer, " keeps the kernel's default: ", e.what());
     }
   }
-  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_, loop_.get());
+  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_, loop_.get(), options_.single_copy);
   std::vector<std::shared_ptr<TcpPath>> done;  // released outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
