@@ -330,7 +330,7 @@ bool TcpPath::finishFrame(std::string* error) {
       switch (static_cast<FrameType>(h.type)) {
         case FrameType::kWrite: {
           const bool by_reference = (h.flags & kFlagByReference) != 0;
-          if (by_reference && !peer_verified_) {
+          if (by_reference && peer_offer_.pid == 0) {
             *error = "a write by reference from a peer whose single-copy offer was not accepted";
             return false;
           }
@@ -341,22 +341,20 @@ bool TcpPath::finishFrame(std::string* error) {
             *error = "rejected a write from the peer: " + why;
             return false;
           }
+          // Not granted: a late duplicate for an earlier exposure.
+          if (verdict == RegionTable::Verdict::kGranted) {
+            rx_grant_ = std::move(grant);
+            rx_region_.store(h.region);
+          }
           if (by_reference) {
             // The payload stays in the peer's memory: read its address.
-            rx_reference_granted_ = verdict == RegionTable::Verdict::kGranted;
-            if (rx_reference_granted_) {
-              rx_grant_ = std::move(grant);
-              rx_region_.store(h.region);
-            }
             rx_dst_ = reinterpret_cast<uint8_t*>(&rx_reference_);
             rx_left_ = sizeof rx_reference_;
             rx_ = Rx::kReference;
             return true;
           }
           rx_left_ = h.length;
-          if (verdict == RegionTable::Verdict::kGranted) {
-            rx_grant_ = std::move(grant);
-            rx_region_.store(h.region);
+          if (rx_grant_) {
             rx_dst_ = rx_grant_.dst();
             rx_ = Rx::kPayload;
           } else {
@@ -389,8 +387,7 @@ bool TcpPath::finishFrame(std::string* error) {
     }
     case Rx::kPayload:
       rx_ = Rx::kHeader;
-      rx_region_.store(0);
-      rx_grant_.release();
+      releaseGrant();
       // Counted for the ACK before the sink hears of it: the arrival may
       // complete an operation, whose rank may then stop this path at once
       // (destroy_process_group), and stop() sends the ACKs it owes.
@@ -420,12 +417,10 @@ bool TcpPath::finishReference(std::string* error) {
   rx_ = Rx::kHeader;
   const FrameHeader& h = rx_header_;
   bool arrived = false;
-  if (rx_reference_granted_) {
+  if (rx_grant_) {
     std::string why;
     same_host::Read read = same_host::read(peer_offer_, rx_reference_, rx_grant_.dst(), h.length, &why);
-    rx_region_.store(0);
-    rx_grant_.release();
-    rx_reference_granted_ = false;
+    releaseGrant();
     if (read == same_host::Read::kFailed) {
       *error = strcat("cannot copy a write of ", h.length, " bytes from the peer's memory: ", why);
       return false;
@@ -459,8 +454,7 @@ void TcpPath::handleOffer() {
   if (tell)
     MAESTRO_INFO("single copy: rank ", peer_, " is a process of this host, so its payloads are copied straight "
                  "from its memory (cross-memory attach; MAESTRO_TCP_SINGLE_COPY=off keeps them on the socket)");
-  peer_offer_ = offer;
-  peer_verified_ = true;
+  peer_offer_ = offer;  // verified: its pid is not 0
   postControl(acceptFrame(), nullptr, 0);
 }
 
@@ -472,24 +466,24 @@ void TcpPath::revoke(uint32_t region) {
 
 void TcpPath::dropGrant(uint32_t region) {
   if (rx_region_.load() != region) return;  // finished meanwhile
-  if (rx_ == Rx::kReference && rx_reference_granted_) {
-    rx_region_.store(0);
-    rx_grant_.release();
-    rx_reference_granted_ = false;  // the address is still read; nothing is copied
+  if (rx_ == Rx::kReference) {
+    releaseGrant();  // the address is still read; nothing is copied
     return;
   }
   if (rx_ != Rx::kPayload) return;
   MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": region ", region, " closed with ", rx_left_,
                 " bytes of a write still to come; they are drained");
-  rx_region_.store(0);
-  rx_grant_.release();
+  releaseGrant();
   rx_ = Rx::kDrain;  // the rest is read and dropped; the write is ACKed like a stale one
 }
 
-void TcpPath::resetReceive() {
+void TcpPath::releaseGrant() {
   rx_region_.store(0);
   rx_grant_.release();
-  rx_reference_granted_ = false;
+}
+
+void TcpPath::resetReceive() {
+  releaseGrant();
   rx_ = Rx::kHeader;
   rx_have_ = 0;
   rx_left_ = 0;

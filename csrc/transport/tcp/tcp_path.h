@@ -101,6 +101,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   void failLater(const std::string& why);  // from a thread that may hold the caller's locks
   void flushLater();                       // complete late_flush_ on the loop thread
   void resetReceive();                     // loop thread: drop a half-read frame and its grant
+  void releaseGrant();                     // loop thread: the destination region is no longer pinned
   void dropGrant(uint32_t region);         // loop thread: revoke()'s work
   void deliverFlush(std::vector<uint64_t>& wr_ids);
 
@@ -148,10 +149,8 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   std::vector<uint8_t> rx_message_;    // kMessage
   bool rx_landed_ = false;             // a WRITE landed in this receive(): ACK it
   // Single copy, receiver side.
-  bool peer_verified_ = false;         // the peer's offer checked out: we may read its memory
-  same_host::Offer peer_offer_;        // that offer
+  same_host::Offer peer_offer_;        // the peer's offer once it checked out (pid 0 until then)
   uint64_t rx_reference_ = 0;          // kReference: the payload's address in the peer
-  bool rx_reference_granted_ = false;  // kReference: rx_grant_ holds the destination
   size_t rx_copied_ = 0;               // bytes copied by reference in this receive() (its budget)
 };
 
