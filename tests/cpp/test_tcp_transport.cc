@@ -553,6 +553,14 @@ class RawPeerSingleCopy : public RawPeer {
     net::writeFull(fd_, &h, sizeof h);
     net::writeFull(fd_, &address, sizeof address);
   }
+  // A by-reference write from a peer whose offer was not accepted fails the
+  // path, and nothing is read into the region.
+  void expectByReferenceRefused() {
+    std::vector<uint8_t> source(64, 0xD4);
+    sendByReference(0, source.size(), source.data(), 1);
+    EXPECT_NE(std::string::npos, waitError().find("offer was not accepted"));
+    expectUntouched();
+  }
   void offer(const transport::tcp::same_host::Offer& o) {
     FrameHeader h = transport::tcp::offerFrame();
     net::writeFull(fd_, &h, sizeof h);
@@ -614,10 +622,7 @@ TEST_F(RawPeerSingleCopy, AByReferenceWritePastTheRegionIsRejected) {
 // receiver never reads a process it has not verified.
 TEST_F(RawPeerSingleCopy, AByReferenceWriteWithoutAnAcceptedOfferFailsThePath) {
   ASSERT_EQ(0u, hello(0, 0));
-  std::vector<uint8_t> source(64, 0xD4);
-  sendByReference(0, source.size(), source.data(), 1);
-  EXPECT_NE(std::string::npos, waitError().find("offer was not accepted"));
-  expectUntouched();
+  expectByReferenceRefused();
 }
 
 TEST_F(RawPeerSingleCopy, AnOfferWhoseCookieIsNotThereIsNotAccepted) {
@@ -625,10 +630,7 @@ TEST_F(RawPeerSingleCopy, AnOfferWhoseCookieIsNotThereIsNotAccepted) {
   transport::tcp::same_host::Offer o = transport::tcp::same_host::makeOffer(alive_);
   o.cookie[0] ^= 1;  // what another host's process at the same pid would show
   offer(o);
-  std::vector<uint8_t> source(64, 0xD4);
-  sendByReference(0, source.size(), source.data(), 1);
-  EXPECT_NE(std::string::npos, waitError().find("offer was not accepted"));
-  expectUntouched();
+  expectByReferenceRefused();
 }
 
 TEST(SameHost, AnOfferFromAnotherNetworkNamespaceOrNoProcessIsRefused) {
@@ -664,17 +666,7 @@ class TcpSingleCopyPair : public TransportContract {
     RemoteRegion rr = toRemote(remote);
     rr.key = t_[1]->expose(remote);
     size_t before = sinks_[0].completed.size();
-    auto chunks = multipath::decompose(bytes, 64 * 1024);
-    for (const auto& c : chunks) {
-      transport::WriteRequest w;
-      w.local = local;
-      w.src = src.data() + c.offset;
-      w.length = c.length;
-      w.remote = rr;
-      w.remote_offset = c.offset;
-      w.wr_id = c.index;
-      t_[0]->postWrite(1, static_cast<int>(c.index % paths_), w);
-    }
+    auto chunks = writeChunks(local, src.data(), rr, bytes, 64 * 1024, 0);
     ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == before + chunks.size(); }));
     EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), bytes));
     t_[1]->conceal(remote);

@@ -74,6 +74,27 @@ class TransportContract : public ::testing::TestWithParam<ContractParam> {
     for (auto& t : t_)
       if (t) t->shutdown();
   }
+  // Rank 0 writes `bytes` of `src` (inside `local`) to the same offsets of
+  // `remote` in chunks of `chunk`, chunk i on path i mod paths, with wr_id
+  // wr_base + i and, if imm_tag >= 0, the immediate (imm_tag, i). Returns
+  // the chunks.
+  std::vector<multipath::ChunkSpan> writeChunks(const Region& local, const uint8_t* src, const RemoteRegion& remote,
+                                            size_t bytes, size_t chunk, uint64_t wr_base, int imm_tag = -1) {
+    auto chunks = multipath::decompose(bytes, chunk);
+    for (const auto& c : chunks) {
+      transport::WriteRequest w;
+      w.local = local;
+      w.src = src + c.offset;
+      w.length = c.length;
+      w.remote = remote;
+      w.remote_offset = c.offset;
+      w.with_imm = imm_tag >= 0;
+      if (w.with_imm) w.imm = multipath::encodeImm(static_cast<uint32_t>(imm_tag), c.index);
+      w.wr_id = wr_base + c.index;
+      t_[0]->postWrite(1, static_cast<int>(c.index % paths_), w);
+    }
+    return chunks;
+  }
 
   std::unique_ptr<transport::Transport> t_[2];
   RecordingSink sinks_[2];
@@ -93,19 +114,7 @@ TEST_P(TransportContract, ChunkedWriteAcrossAllPaths) {
   uint64_t key = t_[1]->expose(remote);
   RemoteRegion rr = toRemote(remote);
   rr.key = key;
-  auto chunks = multipath::decompose(bytes, chunk);
-  for (const auto& c : chunks) {
-    transport::WriteRequest w;
-    w.local = local;
-    w.src = src.data() + c.offset;
-    w.length = c.length;
-    w.remote = rr;
-    w.remote_offset = c.offset;
-    w.with_imm = true;
-    w.imm = multipath::encodeImm(5, c.index);
-    w.wr_id = 1000 + c.index;
-    t_[0]->postWrite(1, static_cast<int>(c.index % paths_), w);
-  }
+  auto chunks = writeChunks(local, src.data(), rr, bytes, chunk, 1000, 5);
   ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == chunks.size(); }));
   ASSERT_TRUE(sinks_[1].waitFor([&] { return sinks_[1].arrivals.size() == chunks.size(); }));
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data() + 64, bytes));
