@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <future>
+#include <optional>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -101,22 +102,56 @@ DType toDType(at::ScalarType t) {
   }
 }
 
-ReduceOp toReduceOp(const ::c10d::ReduceOp& op, at::ScalarType dtype) {
-  ReduceOp r;
-  switch (op.op_) {
-    case ::c10d::ReduceOp::SUM: r = ReduceOp::kSum; break;
-    case ::c10d::ReduceOp::AVG: r = ReduceOp::kAvg; break;
-    case ::c10d::ReduceOp::PRODUCT: r = ReduceOp::kProduct; break;
-    case ::c10d::ReduceOp::MIN: r = ReduceOp::kMin; break;
-    case ::c10d::ReduceOp::MAX: r = ReduceOp::kMax; break;
-    case ::c10d::ReduceOp::BAND: r = ReduceOp::kBand; break;
-    case ::c10d::ReduceOp::BOR: r = ReduceOp::kBor; break;
-    case ::c10d::ReduceOp::BXOR: r = ReduceOp::kBxor; break;
-    default:
-      fail("reduce op ", op.op_ == ::c10d::ReduceOp::PREMUL_SUM ? "PREMUL_SUM" : std::to_string(op.op_).c_str(),
-           " is not supported by maestro (supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
+// A reduction as the collectives run it. PREMUL_SUM is a SUM of every
+// rank's tensor multiplied first by a factor (a number, or a one-element
+// tensor read when the call is made): the c10d layer scales the buffer the
+// collective reduces from, never a tensor the caller still owns.
+struct Reduction {
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<double> premul;
+
+  // Scales `t` in place (a buffer of this operation's own, or the caller's
+  // tensor where the result replaces it anyway).
+  void prescale(const at::Tensor& t) const {
+    if (premul) t.mul_(*premul);
   }
-  collectives::checkDefined(r, toDType(dtype));
+  // What to reduce from without touching `t`: `t` itself when contiguous and
+  // nothing is to be scaled, else a contiguous (scaled) copy.
+  at::Tensor source(const at::Tensor& t) const { return premul ? t.mul(*premul).contiguous() : t.contiguous(); }
+};
+
+Reduction toReduction(const ::c10d::ReduceOp& op, at::ScalarType dtype) {
+  Reduction r;
+  switch (op.op_) {
+    case ::c10d::ReduceOp::SUM: r.op = ReduceOp::kSum; break;
+    case ::c10d::ReduceOp::AVG: r.op = ReduceOp::kAvg; break;
+    case ::c10d::ReduceOp::PRODUCT: r.op = ReduceOp::kProduct; break;
+    case ::c10d::ReduceOp::MIN: r.op = ReduceOp::kMin; break;
+    case ::c10d::ReduceOp::MAX: r.op = ReduceOp::kMax; break;
+    case ::c10d::ReduceOp::BAND: r.op = ReduceOp::kBand; break;
+    case ::c10d::ReduceOp::BOR: r.op = ReduceOp::kBor; break;
+    case ::c10d::ReduceOp::BXOR: r.op = ReduceOp::kBxor; break;
+    case ::c10d::ReduceOp::PREMUL_SUM: {
+      MAESTRO_CHECK(at::isFloatingType(dtype), "ReduceOp.PREMUL_SUM is defined for floating-point tensors only, not ",
+                    c10::toString(dtype));
+      auto* factor = dynamic_cast<::c10d::PreMulSumSupplement*>(op.supplement_.get());
+      MAESTRO_CHECK(factor != nullptr, "ReduceOp.PREMUL_SUM without its factor (make it with "
+                                       "torch.distributed._make_nccl_premul_sum(factor))");
+      if (factor->tensor_factor.defined()) {
+        MAESTRO_CHECK(factor->tensor_factor.numel() == 1, "ReduceOp.PREMUL_SUM: the factor tensor has ",
+                      factor->tensor_factor.numel(), " elements, not 1");
+        r.premul = factor->tensor_factor.item<double>();
+      } else {
+        r.premul = factor->double_factor;
+      }
+      r.op = ReduceOp::kSum;
+      break;
+    }
+    default:
+      fail("reduce op ", std::to_string(op.op_),
+           " is not supported by maestro (supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM)");
+  }
+  collectives::checkDefined(r.op, toDType(dtype));
   return r;
 }
 
@@ -428,18 +463,19 @@ void ProcessGroupMaestro::release(const at::Tensor& t) {
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::Tensor>& tensors,
                                                                 const ::c10d::AllreduceOptions& opts) {
-  ReduceOp op;
+  Reduction op;
   try {
     checkOne(tensors, "allreduce");
-    op = toReduceOp(opts.reduceOp, tensors[0].scalar_type());
+    op = toReduction(opts.reduceOp, tensors[0].scalar_type());
   } catch (const Error& e) {
     reject("allreduce", e.what());
   }
   at::Tensor tensor = tensors[0];
   return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", opts.timeout, {tensor}, {tensor},
                  [this, tensor, op](uint64_t seq, Deadline deadline) {
+                   op.prescale(tensor);
                    inPlace(tensor, [&](const collectives::Window& w) {
-                     collectives::allreduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op,
+                     collectives::allreduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op.op,
                                             deadline);
                    });
                  });
@@ -447,14 +483,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
-  ReduceOp op;
+  Reduction op;
   try {
     MAESTRO_CHECK(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
     for (const auto& t : tensors) {
       checkTensor(t, "a tensor");
       checkSameKind(tensors[0], t, "a tensor");
     }
-    op = toReduceOp(opts.reduceOp, tensors[0].scalar_type());
+    op = toReduction(opts.reduceOp, tensors[0].scalar_type());
   } catch (const Error& e) {
     reject("allreduce_coalesced", e.what());
   }
@@ -468,7 +504,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
                      packed.tensor.narrow(0, at, t.numel()).view(t.sizes()).copy_(t);
                      at += t.numel();
                    }
-                   collectives::allreduce(*engine_, seq, packed.window, total, toDType(tensors[0].scalar_type()), op,
+                   op.prescale(packed.tensor);
+                   collectives::allreduce(*engine_, seq, packed.window, total, toDType(tensors[0].scalar_type()), op.op,
                                           deadline);
                    at = 0;
                    for (const auto& t : tensors) {
@@ -563,7 +600,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std:
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::Tensor& output, at::Tensor& input,
                                                                             const ::c10d::ReduceScatterOptions& opts) {
-  ReduceOp op;
+  Reduction op;
   try {
     checkTensor(input, "the input");
     checkTensor(output, "the output");
@@ -571,17 +608,17 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::
     MAESTRO_CHECK(input.numel() == output.numel() * getSize(), "reduce_scatter_tensor: the input has ", input.numel(),
                   " elements but must have world size (", getSize(), ") x output (", output.numel(),
                   ") = ", output.numel() * getSize());
-    op = toReduceOp(opts.reduceOp, input.scalar_type());
+    op = toReduction(opts.reduceOp, input.scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter_tensor", e.what());
   }
   at::Tensor out = output, in = input;
   return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "maestro:reduce_scatter_tensor", opts.timeout, {out}, {in},
                  [this, out, in, op](uint64_t seq, Deadline deadline) {
-                   at::Tensor src = in.contiguous();
+                   at::Tensor src = op.source(in);
                    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
                    collectives::reduceScatter(*engine_, seq, src.data_ptr(), dst.data_ptr(), dst.numel(),
-                                              toDType(src.scalar_type()), op, deadline);
+                                              toDType(src.scalar_type()), op.op, deadline);
                    if (!dst.is_same(out)) out.copy_(dst);
                  });
 }
@@ -589,7 +626,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                                      const ::c10d::ReduceScatterOptions& opts) {
-  ReduceOp op;
+  Reduction op;
   try {
     checkOne(outputs, "reduce_scatter");
     MAESTRO_CHECK(inputs.size() == 1, "reduce_scatter takes one input list per process (got ", inputs.size(), ")");
@@ -601,7 +638,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
       MAESTRO_CHECK(i.numel() == outputs[0].numel(), "reduce_scatter: an input tensor has ", i.numel(),
                     " elements but the output has ", outputs[0].numel());
     }
-    op = toReduceOp(opts.reduceOp, outputs[0].scalar_type());
+    op = toReduction(opts.reduceOp, outputs[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter", e.what());
   }
@@ -612,9 +649,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
                    std::vector<at::Tensor> flat;
                    for (const auto& t : ins) flat.push_back(t.reshape({-1}));
                    at::Tensor src = at::cat(flat);
+                   op.prescale(src);
                    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
                    collectives::reduceScatter(*engine_, seq, src.data_ptr(), dst.data_ptr(), dst.numel(),
-                                              toDType(src.scalar_type()), op, deadline);
+                                              toDType(src.scalar_type()), op.op, deadline);
                    if (!dst.is_same(out)) out.copy_(dst);
                  });
 }
@@ -700,10 +738,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesce
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
-  ReduceOp op;
+  Reduction op;
   try {
     checkCoalesced(inputs, &outputs, 1, getSize(), "reduce_scatter_tensor_coalesced");
-    op = toReduceOp(opts.reduceOp, inputs[0].scalar_type());
+    op = toReduction(opts.reduceOp, inputs[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter_tensor_coalesced", e.what());
   }
@@ -720,9 +758,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coal
                        parts.push_back(ins[i].reshape({-1}).narrow(0, r * m, m));
                      }
                    at::Tensor src = at::cat(parts);
+                   op.prescale(src);
                    at::Tensor dst = at::empty({total}, src.options());
                    collectives::reduceScatter(*engine_, seq, src.data_ptr(), dst.data_ptr(), total,
-                                              toDType(src.scalar_type()), op, deadline);
+                                              toDType(src.scalar_type()), op.op, deadline);
                    int64_t at = 0;
                    for (const auto& o : outs) {
                      o.copy_(dst.narrow(0, at, o.numel()).view(o.sizes()));
@@ -737,12 +776,12 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coal
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce(std::vector<at::Tensor>& tensors,
                                                              const ::c10d::ReduceOptions& opts) {
-  ReduceOp op;
+  Reduction op;
   try {
     checkOne(tensors, "reduce");
     MAESTRO_CHECK(opts.rootTensor == 0, "reduce: rootTensor must be 0 (one tensor per process)");
     checkRoot(opts.rootRank, getSize(), "reduce");
-    op = toReduceOp(opts.reduceOp, tensors[0].scalar_type());
+    op = toReduction(opts.reduceOp, tensors[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce", e.what());
   }
@@ -750,10 +789,18 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce(std::vector<at::Ten
   int root = static_cast<int>(opts.rootRank);
   return enqueue(::c10d::OpType::REDUCE, "maestro:reduce", opts.timeout, {tensor}, {tensor},
                  [this, tensor, op, root](uint64_t seq, Deadline deadline) {
-                   inPlace(tensor, [&](const collectives::Window& w) {
-                     collectives::reduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op, root,
+                   auto run = [&](const collectives::Window& w) {
+                     collectives::reduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op.op, root,
                                          deadline);
-                   });
+                   };
+                   if (!op.premul) return inPlace(tensor, run);
+                   // PREMUL_SUM: a scaled copy is reduced, so the other ranks'
+                   // tensors stay as they were; the root takes the result.
+                   Staged work = stage(tensor.numel(), tensor.options());
+                   work.tensor.view(tensor.sizes()).copy_(tensor);
+                   op.prescale(work.tensor);
+                   run(work.window);
+                   if (getRank() == root) tensor.copy_(work.tensor.view(tensor.sizes()));
                  });
 }
 

@@ -72,7 +72,7 @@ def unsupported_op(rank, world):
     # Every rank refused it before anything moved: the group goes on.
     t = torch.full((4,), float(rank))
     later = _error_of(lambda: dist.all_reduce(t))
-    premul = dist._make_nccl_premul_sum(2.0) if hasattr(dist, "_make_nccl_premul_sum") else dist.ReduceOp.UNUSED
+    premul = dist._make_nccl_premul_sum(2.0)  # defined for floating point only
     err2 = _error_of(lambda: dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.int8),
                                                         torch.ones(2 * world, dtype=torch.int8), op=premul))
     b = torch.full((3,), float(rank))

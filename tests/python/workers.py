@@ -25,6 +25,10 @@ BITWISE = {"band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.Re
 INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
 ALL_DTYPES = {**DTYPES, "bool": torch.bool}
 ALL_OPS = {**OPS, **BITWISE}
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+# PREMUL_SUM's factor: x 0.5 keeps data()'s small integers and their sums
+# exact in every floating dtype.
+PREMUL = 0.5
 # 0, 1, a prime not divisible by ranks x chunks, and several MB.
 SIZES = [0, 1, 100003, 1048583]
 RS_SIZES = [0, 1, 100003, 262147]  # per rank (the input is world x this)
@@ -51,6 +55,9 @@ def cases() -> list[str]:
     out += [f"{kind}-{dt}" for kind in ("all_gather_coalesced", "all_gather_into_tensor_coalesced",
                                         "reduce_scatter_tensor_coalesced") for dt in ("float32", "int64", "bfloat16")]
     out += ["all_gather_into_tensor_coalesced-noncontiguous"]
+    out += [f"premul-{kind}-{dt}-{n}" for kind in ("allreduce", "reduce_scatter", "reduce_scatter_tensor", "reduce")
+            for dt in FLOAT_DTYPES for n in (1, 100003)]
+    out += ["premul-tensor_factor", "premul-allreduce_coalesced", "premul-reduce_scatter_tensor_coalesced"]
     return out
 
 
@@ -100,9 +107,61 @@ def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
         raise AssertionError(f"{name}: {len(bad)} elements differ, first at {i}: got {got[i].item()}, want {want[i].item()}")
 
 
+def run_premul(name: str, rank: int, world: int) -> None:
+    """PREMUL_SUM: the sum of every rank's tensor multiplied by a factor (a
+    number, or a one-element tensor); inputs that the caller keeps (the
+    input of reduce_scatter_tensor, the tensors of reduce's other ranks)
+    are left as they were."""
+    parts = name.split("-")
+    kind = parts[1]
+    op = dist._make_nccl_premul_sum(torch.tensor([PREMUL]) if kind == "tensor_factor" else PREMUL)
+    dt, n = (DTYPES[parts[2]], int(parts[3])) if len(parts) == 4 else (torch.float32, 1000)
+    scaled = lambda xs: [x * PREMUL for x in xs]  # noqa: E731
+    if kind in ("allreduce", "tensor_factor", "reduce"):
+        xs = [data(r, n, dt) for r in range(world)]
+        t = xs[rank].clone()
+        if kind == "reduce":
+            dist.reduce(t, dst=world - 1, op=op)
+            check(name, t, fold("sum", scaled(xs), world) if rank == world - 1 else xs[rank])
+        else:
+            dist.all_reduce(t, op=op)
+            check(name, t, fold("sum", scaled(xs), world))
+        return
+    if kind == "allreduce_coalesced":
+        ts = [data(rank, m, torch.float32, salt=m) for m in (3, 0, 20)]
+        dist.all_reduce_coalesced(ts, op=op)
+        for i, m in enumerate((3, 0, 20)):
+            check(f"{name}[{i}]", ts[i], fold("sum", scaled([data(r, m, torch.float32, salt=m) for r in range(world)]),
+                                              world))
+        return
+    if kind == "reduce_scatter_tensor_coalesced":
+        xs = [[data(r, m * world, torch.float32, salt=m) for m in (3, 0, 20)] for r in range(world)]
+        outs = [torch.empty(m) for m in (3, 0, 20)]
+        with dist._coalescing_manager():
+            for out, x in zip(outs, xs[rank]):
+                dist.reduce_scatter_tensor(out, x.clone(), op=op)
+        for i, m in enumerate((3, 0, 20)):
+            check(f"{name}[{i}]", outs[i], fold("sum", scaled([xs[r][i][rank * m:(rank + 1) * m] for r in range(world)]),
+                                                world))
+        return
+    xs = [data(r, n * world, dt) for r in range(world)]
+    want = fold("sum", scaled([x[rank * n:(rank + 1) * n] for x in xs]), world)
+    out = torch.empty(n, dtype=dt)
+    inp = xs[rank].clone()
+    if kind == "reduce_scatter":
+        dist.reduce_scatter(out, list(inp.chunk(world)), op=op)
+    else:
+        dist.reduce_scatter_tensor(out, inp, op=op)
+    check(name + " (input untouched)", inp, xs[rank])
+    check(name, out, want)
+
+
 def run_case(name: str, rank: int, world: int) -> None:
     parts = name.split("-")
     kind = parts[0]
+    if kind == "premul":
+        run_premul(name, rank, world)
+        return
     if kind == "barrier":
         dist.barrier()
         return
