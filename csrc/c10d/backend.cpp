@@ -253,7 +253,7 @@ std::vector<uint64_t> splitCounts(const std::vector<int64_t>& splits, const at::
 ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout,
                                          const std::map<std::string, std::string>& options)
-    : Backend(rank, size), timeout_(timeout) {
+    : Backend(rank, size), knobs_(options), timeout_(timeout) {
   StoreRendezvous rendezvous(store);
   const char* master = std::getenv("MASTER_ADDR");
   engine_ = std::make_unique<multipath::Engine>(options, rendezvous, rank, size, deadlineAfter(timeout),
@@ -264,6 +264,22 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
 }
 
 ProcessGroupMaestro::~ProcessGroupMaestro() { stopWorker(true); }
+
+c10::intrusive_ptr<::c10d::Backend> ProcessGroupMaestro::split(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                               const std::vector<int>& ranks,
+                                                               const c10::intrusive_ptr<::c10d::Backend::Options>& opts) {
+  for (int r : ranks)
+    MAESTRO_CHECK(r >= 0 && r < getSize(), "split: rank ", r, " is not a rank of this group of ", getSize());
+  auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) return nullptr;
+  const auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
+  return c10::make_intrusive<ProcessGroupMaestro>(store, static_cast<int>(me - ranks.begin()),
+                                                  static_cast<int>(ranks.size()), timeout, knobs_);
+}
+
+c10::intrusive_ptr<::c10d::Backend::Options> ProcessGroupMaestro::getBackendOptions() {
+  return c10::make_intrusive<::c10d::Backend::Options>(getBackendName(), timeout_.load());
+}
 
 void ProcessGroupMaestro::shutdown() { stopWorker(true); }
 

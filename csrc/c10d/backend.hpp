@@ -102,6 +102,19 @@ class ProcessGroupMaestro : public ::c10d::Backend {
     return seq_;
   }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  // Splitting (ProcessGroup::splitGroup: dist.split_group, DeviceMesh on a
+  // group bound to a device): the ranks listed (this group's ranks, in the
+  // new group's order) form a new maestro group over the store given, with
+  // this group's knobs and the options' timeout; a rank not listed gets
+  // nullptr and takes no part. The new group has its own engine and paths.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<::c10d::Backend> split(const c10::intrusive_ptr<::c10d::Store>& store,
+                                            const std::vector<int>& ranks,
+                                            const c10::intrusive_ptr<::c10d::Backend::Options>& opts) override;
+  // What splitGroup() hands a child: the backend's name and its timeout
+  // (the knobs are the group's own and go to split() directly).
+  c10::intrusive_ptr<::c10d::Backend::Options> getBackendOptions() override;
   void shutdown() override;
   void abort() override;
 
@@ -187,6 +200,7 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // peer -1: any source (recv only).
   c10::intrusive_ptr<::c10d::Work> pointToPoint(bool send, std::vector<at::Tensor>& tensors, int peer, int tag);
 
+  const std::map<std::string, std::string> knobs_;  // as given at construction (split() passes them on)
   std::shared_ptr<multipath::Engine> engine_;  // guarded by mu_ for threads other than the worker
   std::unique_ptr<collectives::PointToPoint> p2p_;
   std::atomic<uint32_t> monitored_barriers_{0};  // calls so far: each one's tag  // stopped before the cache and the engine go

@@ -296,6 +296,34 @@ def options_and_subgroups(rank, world):
     return result
 
 
+def split_group(rank, world):
+    """ProcessGroup.split_group (what dist.split_group and DeviceMesh call on a
+    group bound to a device): [0, 1] and [3, 2] (in that order: rank 3 is the
+    second group's rank 0), with the parent's knobs."""
+    import datetime
+
+    import maestro_torch
+
+    _init(pg_options=maestro_torch.Options(chunk_size="64K", paths=2))
+    parent = dist.distributed_c10d._get_default_group()
+    mine = [0, 1] if rank < 2 else [3, 2]
+    sub = parent.split_group(mine, timeout=datetime.timedelta(seconds=60))
+    t = torch.full((100000,), float(rank))
+    sub.allreduce([t]).wait()
+    b = torch.full((5,), float(rank))
+    sub.broadcast([b], dist.BroadcastOptions()).wait()  # from the new group's rank 0
+    out = {"rank": sub.rank(), "size": sub.size(), "paths": maestro_torch.backend_of(sub).paths,
+           "splits": maestro_torch.backend_of(parent).supports_splitting,
+           "sum": t.unique().tolist(), "broadcast": b.unique().tolist(),
+           "not_listed": parent.split_group([r for r in mine if r != rank]) is None}
+    out["bad"] = _error_of(lambda: parent.split_group([0, world + 3]))
+    w = torch.ones(10)
+    dist.all_reduce(w)
+    out["world_ok"] = bool(torch.all(w == world))
+    dist.destroy_process_group()
+    return out
+
+
 def info_logging(rank, world):
     # The C++ core writes to fd 2: capture it through a pipe.
     r, w = os.pipe()

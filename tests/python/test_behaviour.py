@@ -137,6 +137,18 @@ def test_options_and_subgroups():
             assert v["sub_stats_peers"] == [2 - rank], "the subgroup's peer is the other member"
 
 
+def test_split_group_makes_a_maestro_group_of_the_ranks_listed():
+    values = ok_values(run_ranks(4, scenarios.split_group, timeout=120))
+    for rank, v in enumerate(values):
+        first = rank < 2
+        assert v["splits"] and v["paths"] == 2, v
+        assert (v["rank"], v["size"]) == ((rank, 2) if first else (3 - rank, 2)), v
+        assert v["sum"] == [1.0 if first else 5.0] and v["broadcast"] == [0.0 if first else 3.0], v
+        assert v["not_listed"], "a rank the list leaves out gets no group"
+        assert "split: rank 7 is not a rank of this group of 4" in v["bad"], v["bad"]
+        assert v["world_ok"]
+
+
 @pytest.mark.parametrize("single_copy", ["auto", "off"])
 def test_each_path_carries_a_fair_share_of_a_large_allreduce(single_copy):
     values = ok_values(run_ranks(2, scenarios.path_share, single_copy, timeout=180))

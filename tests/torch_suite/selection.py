@@ -129,9 +129,11 @@ CI_SUBSET: list[str] = [
 NOT_REACHED: list[str] = [
     "Bitwise reduce ops (BAND, BOR, BXOR): the suite uses them only in test_all_reduce_complex_unsupported_ops, "
     "where torch's Python layer rejects the complex tensor before any backend call.",
-    "PREMUL_SUM: only torch's NCCL tests use it (gloo refuses it too).",
+    "PREMUL_SUM: only torch's NCCL tests use it (gloo refuses it too); maestro implements it, and its own "
+    "collective matrix covers it (the premul cases of tests/python/workers.py).",
     "Process-group splitting (Backend::supportsSplitting, split_group, new_group splitting its parent): torch "
-    "splits only a group bound to a device (device_id), which no test here makes.",
+    "splits only a group bound to an accelerator (device_id), which no test here makes; maestro implements "
+    "Backend::split, which its own tests reach through ProcessGroup.split_group.",
     "A per-call timeout (BarrierOptions/AllreduceOptions timeout, dist.barrier(timeout=...)): its one test, "
     "test_barrier_timeout_arg, is skipped upstream on Linux; the group-wide timeout is exercised "
     "(test_barrier_timeout_global, test_barrier_timeout_full_group).",
