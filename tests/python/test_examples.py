@@ -109,6 +109,19 @@ def test_moe_routes_uneven_splits():
     assert len(counts) == 2 and sum(counts) == 2 * 64 and counts[0] != counts[1], counts
 
 
+def test_moe_on_four_ranks_trains_exactly_as_on_gloo():
+    """Four experts: every rank's tokens go to three other ranks in uneven
+    runs, and the losses are gloo's to the last digit."""
+    m, g = torchrun("moe", "maestro", 4), torchrun("moe", "gloo", 4)
+    finished(g, STEPS["moe"])
+    finished(m, STEPS["moe"])
+    assert m["losses"] == g["losses"], f"maestro {m['losses']} != gloo {g['losses']}"
+    counts = re.search(r"tokens per expert at the last step \[([\d, ]+)\]", m["summary"])
+    assert counts, m["summary"]
+    counts = [int(c) for c in counts.group(1).split(",")]
+    assert len(counts) == 4 and sum(counts) == 4 * 64 and len(set(counts)) > 1, counts
+
+
 def test_readme_lists_the_examples():
     readme = open(os.path.join(ROOT, "README.md")).read()
     for example in EXAMPLES:

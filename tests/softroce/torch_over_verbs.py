@@ -49,6 +49,33 @@ def rank_main(rank, world, port, out):
         dist.all_gather(outs, torch.arange(100, dtype=torch.int32) + rank * 1000)
         for r in range(world):
             assert torch.equal(outs[r], torch.arange(100, dtype=torch.int32) + r * 1000), f"allgather block {r}"
+        # Beyond the ring collectives, over verbs too: point to point (many
+        # chunks), all_to_all_single with uneven splits, reduce, gather and
+        # PREMUL_SUM.
+        right, left = (rank + 1) % world, (rank - 1) % world
+        big = torch.arange(300000, dtype=torch.float32) + rank
+        got = torch.empty_like(big)
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, big, right), dist.P2POp(dist.irecv, got, left)]):
+            w.wait()
+        assert torch.equal(got, torch.arange(300000, dtype=torch.float32) + left), "send/recv"
+        sends = [(rank + 1) * (j + 1) * 1000 for j in range(world)]
+        receives = [(j + 1) * (rank + 1) * 1000 for j in range(world)]
+        x = torch.cat([torch.full((n,), float(rank * 10 + j)) for j, n in enumerate(sends)])
+        y = torch.empty(sum(receives))
+        dist.all_to_all_single(y, x, receives, sends)
+        assert torch.equal(y, torch.cat([torch.full((n,), float(j * 10 + rank)) for j, n in enumerate(receives)])), \
+            "all_to_all_single"
+        r = torch.full((100000,), float(rank + 1))
+        dist.reduce(r, dst=world - 1)
+        want = float(sum(range(1, world + 1))) if rank == world - 1 else float(rank + 1)
+        assert torch.equal(r, torch.full((100000,), want)), "reduce"
+        blocks = [torch.empty(50, dtype=torch.int64) for _ in range(world)] if rank == 0 else None
+        dist.gather(torch.full((50,), rank, dtype=torch.int64), blocks, dst=0)
+        assert rank != 0 or all(torch.equal(b, torch.full((50,), i, dtype=torch.int64)) for i, b in enumerate(blocks)), \
+            "gather"
+        p = torch.full((1000,), float(rank + 1))
+        dist.all_reduce(p, op=dist._make_nccl_premul_sum(0.5))
+        assert torch.equal(p, torch.full((1000,), sum(range(1, world + 1)) * 0.5)), "PREMUL_SUM"
         backend = maestro_torch.backend_of()
         assert backend.transport == "verbs", backend.transport
         vnics = os.environ["MAESTRO_VNICS"].split(",")
