@@ -6,6 +6,7 @@ machine noise hits them alike. Rank 0 prints "READY" once groups are up and
 one "RESULT <json>" line at the end.
 
     python benchmarks/rank_bench.py sweep --collective allreduce --sizes 4K,1M --variants gloo,gloo-4dev,adaptive,single
+    python benchmarks/rank_bench.py sweep --collective sendrecv --sizes 64K,16M --variants gloo,adaptive,single
     python benchmarks/rank_bench.py p2p --size 64M --paths 1,2,4,8
     python benchmarks/rank_bench.py chunks --size 64M --chunks 12800,51200
     python benchmarks/rank_bench.py barrier --variants latency,round_robin
@@ -118,9 +119,47 @@ def emit(result: dict) -> None:
 
 # ---------------------------------------------------------------- sweep
 
+SWEEP_COLLECTIVES = ("allreduce", "allgather", "sendrecv", "alltoall")
+
+
+def sweep_op(collective: str, size: int, g):
+    """One cell of a sweep, as nccl-tests counts it: (fn, factor, exact).
+    fn() runs the collective once on group g with `size` bytes (allreduce:
+    the tensor; allgather: the gathered output; sendrecv: what each rank
+    sends to rank+1 and receives from rank-1, posted together with
+    batch_isend_irecv; alltoall: what each rank sends, its own share
+    included, in equal splits); busbw = algbw * factor; exact() says whether
+    the output holds what one fn() gives (checked after the warm-up)."""
+    rank, n = dist.get_rank(), dist.get_world_size()  # every group of the sweep spans the world
+    if collective == "allreduce":
+        t = torch.ones(max(size // 4, 1))
+        return (lambda: dist.all_reduce(t, group=g)), 2 * (n - 1) / n, lambda: bool(torch.all(t == n))
+    if collective == "sendrecv":
+        x, got = torch.full((max(size // 4, 1),), float(rank)), torch.empty(max(size // 4, 1))
+        right, left = (rank + 1) % n, (rank - 1) % n
+
+        def exchange():
+            ops = [dist.P2POp(dist.isend, x, right, g), dist.P2POp(dist.irecv, got, left, g)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        return exchange, 1.0, lambda: bool(torch.all(got == left))
+    # allgather and alltoall: rank r's block j of the output comes from rank j.
+    block = max(size // 4 // n, 1)
+    if collective == "allgather":
+        x = torch.full((block,), float(rank))
+        out = torch.empty(block * n)
+        fn = lambda: dist.all_gather_into_tensor(out, x, group=g)  # noqa: E731
+    else:  # alltoall, equal splits
+        x = torch.full((block * n,), float(rank))
+        out = torch.empty(block * n)
+        fn = lambda: dist.all_to_all_single(out, x, group=g)  # noqa: E731
+    expected = torch.arange(n, dtype=torch.float32).repeat_interleave(block)
+    return fn, (n - 1) / n, lambda: bool(torch.equal(out, expected))
+
+
 def cmd_sweep(args):
-    """nccl-tests style: allreduce or allgather over message sizes, busbw and
-    algbw per variant."""
+    """nccl-tests style: one collective (sweep_op) over message sizes, busbw
+    and algbw per variant, and whether each variant's result was exact."""
     n = dist.get_world_size()
     variants = args.variants.split(",")
     groups = {v: make_group(v, maestro_extra(args)) for v in variants}
@@ -129,22 +168,17 @@ def cmd_sweep(args):
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         for v in variants:
             g = groups[v]
-            if args.collective == "allreduce":
-                t = torch.ones(max(size // 4, 1))
-                fn = lambda: dist.all_reduce(t, group=g)  # noqa: E731
-                factor = 2 * (n - 1) / n
-            else:  # size = the gathered output, as nccl-tests counts it
-                x = torch.ones(max(size // 4 // n, 1))
-                out = torch.empty(x.numel() * n)
-                fn = lambda: dist.all_gather_into_tensor(out, x, group=g)  # noqa: E731
-                factor = (n - 1) / n
+            fn, factor, exact = sweep_op(args.collective, size, g)
             fn()  # warm-up: registration, connections ramp-up
+            ok = torch.tensor([float(exact())])
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
             times = timed(fn, g, iterations_for(size, args.budget, 50e6))
             med = statistics.median(times)
             rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
                          "busbw_GBps": size / med / 1e9 * factor, "iters": len(times),
-                         "times": times})
-            log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw")
+                         "times": times, "exact": bool(ok.item())})
+            log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw"
+                + ("" if ok.item() else "  WRONG RESULT"))
     emit({"collective": args.collective, "world": n, "rows": rows})
 
 
@@ -375,7 +409,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=300, help="group timeout, seconds")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("sweep")
-    p.add_argument("--collective", choices=["allreduce", "allgather"], default="allreduce")
+    p.add_argument("--collective", choices=SWEEP_COLLECTIVES, default="allreduce")
     p.add_argument("--sizes", default="4K,64K,1M,16M")
     p.add_argument("--variants", default="gloo," + ",".join(MAESTRO_POLICIES),
                    help="comma-separated: maestro policies (+congestion control), gloo, gloo-<n>dev")

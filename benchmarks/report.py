@@ -155,23 +155,55 @@ def sec_chunk_size(rec, out):
             f"{save(fig, out, 'chunk_size')}")
 
 
+def sweep_grid(run: dict) -> tuple[list[str], list[int], dict]:
+    """A sweep's (rank_bench.py sweep) variants in run order, its sizes
+    ascending, and its rows by (variant, bytes)."""
+    rows = run["rows"]
+    return (list(dict.fromkeys(r["variant"] for r in rows)), sorted({r["bytes"] for r in rows}),
+            {(r["variant"], r["bytes"]): r for r in rows})
+
+
+def iter_busbw(row: dict) -> list[float]:
+    """Each iteration's busbw (MB/s) of a sweep row: its times are the
+    slowest rank's, its busbw_GBps that of their median."""
+    return [row["busbw_GBps"] * 1e3 * row["seconds"] / t for t in row["times"]]
+
+
+def spread_cell(med: float, values: list[float], fmt: str = "{:.1f}") -> str:
+    """'median (min-max)'."""
+    return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def plot_sweep(ax, run: dict, title: str, limit: float | None, spread: bool = False) -> None:
+    """busbw (MB/s) vs size, a line per variant (gloo dashed), the physical
+    limit dotted; spread: each point's min-max over iterations as error bars."""
+    variants, sizes, get = sweep_grid(run)
+    for i, v in enumerate(variants):
+        ys = [get[(v, s)]["busbw_GBps"] * 1e3 for s in sizes]
+        style = "s--" if is_gloo(v) else "o-"
+        if spread:  # each variant's bars a little aside, so that they do not hide one another
+            its = [iter_busbw(get[(v, s)]) for s in sizes]
+            xs = [s * 2 ** (0.12 * (i - (len(variants) - 1) / 2)) for s in sizes]
+            ax.errorbar(xs, ys, yerr=[[y - min(b) for y, b in zip(ys, its)], [max(b) - y for y, b in zip(ys, its)]],
+                        fmt=style, capsize=3, label=v)
+        else:
+            ax.plot(sizes, ys, style, label=v)
+    if limit is not None:
+        ax.axhline(limit, color="red", ls=":", label="physical limit")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("busbw (MB/s)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
 def sec_collectives(rec, out):
     limit = rec["data"]["physical_limit_GBps"] * 1e3
     parts = []
     for key, run in rec["data"]["runs"].items():
-        rows = run["rows"]
-        variants = list(dict.fromkeys(r["variant"] for r in rows))
-        sizes = sorted({r["bytes"] for r in rows})
-        get = {(r["variant"], r["bytes"]): r for r in rows}
+        variants, sizes, get = sweep_grid(run)
         fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        for v in variants:
-            ax.plot(sizes, [get[(v, s)]["busbw_GBps"] * 1e3 for s in sizes], "s--" if is_gloo(v) else "o-", label=v)
-        ax.axhline(limit, color="red", ls=":", label="physical limit")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("bytes")
-        ax.set_ylabel("busbw (MB/s)")
-        ax.set_title(key)
-        ax.legend(fontsize=8)
+        plot_sweep(ax, run, key, limit)
         hdr = (["size"] + [f"{v} busbw MB/s" for v in variants]
                + ["best gloo", "best maestro policy / best gloo", "single / gloo"])
         trs = []
@@ -192,6 +224,41 @@ def sec_collectives(rec, out):
             "balancing policy and the peers in the same processes: gloo (one device), gloo-4dev (one gloo device "
             "per vNIC address; one collective still takes one device) and single (maestro on one path).\n\n"
             + "\n\n".join(parts))
+
+
+def sec_p2p_alltoall(rec, out):
+    d = rec["data"]
+    limits = {k: x * 1e3 for k, x in d["physical_limit_GBps"].items()}
+    fig, axes = plt.subplots(1, len(d["runs"]), figsize=(6 * len(d["runs"]), 3.8), squeeze=False)
+    parts = []
+    for ax, (coll, run) in zip(axes[0], d["runs"].items()):
+        plot_sweep(ax, run, f"pinned {coll}", limits.get(coll), spread=True)
+        variants, sizes, get = sweep_grid(run)
+        trs = []
+        for s in sizes:
+            bw = {v: get[(v, s)]["busbw_GBps"] * 1e3 for v in variants}
+            g = best_gloo(bw)
+            ad, one = bw.get("adaptive"), bw.get("single")
+            trs.append([size_label(s)] + [spread_cell(bw[v], iter_busbw(get[(v, s)])) for v in variants]
+                       + [g[0] if g else "-", ad / g[1] if g and ad else "-", ad / one if ad and one else "-"])
+        wrong = sorted({f"{r['variant']} at {size_label(r['bytes'])}" for r in run["rows"] if r.get("exact") is False})
+        parts.append(f"**{coll}** (physical limit {limits[coll]:.0f} MB/s)\n\n"
+                     + table(["size"] + [f"{v} busbw MB/s" for v in variants]
+                             + ["best gloo", "adaptive / best gloo", "adaptive / single"], trs)
+                     + not_measured(variants)
+                     + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else ""))
+    return ("Point to point and all-to-all vs gloo",
+            f"nccl-tests style on 4 ranks of the pinned lab ({d['core_mbit']} Mbit/s per core link, "
+            f"{d['access_mbit']} Mbit/s access), the peers in the same processes, timed alternately. **sendrecv**: "
+            "every rank sends `size` bytes to rank+1 and receives as many from rank-1, both posted with "
+            "batch_isend_irecv; busbw = algbw. The ring crosses the core twice in opposite directions (1 -> 2, "
+            "3 -> 0): the limit is the 4 core links of one crossing. **alltoall**: all_to_all_single of `size` "
+            "bytes per rank (its own share included) in equal splits; busbw = algbw x 3/4. Each direction of the "
+            "core carries `size` bytes whatever the algorithm (2 ranks x 2 remote ranks x size/4), so busbw is at "
+            "most 3/4 of the 4 core links. Cells: busbw median (min-max) over the iterations, each timed on the "
+            "slowest rank; adaptive = maestro's default policy, single = maestro on one path, gloo-4dev = one "
+            "gloo device per vNIC address. Every result was checked after the warm-up.\n\n"
+            + "\n\n".join(parts) + "\n\n" + save(fig, out, "p2p_alltoall"))
 
 
 def size_label(nbytes: int) -> str:
@@ -516,8 +583,8 @@ def footprint_cpu_table(rec: dict) -> str:
         med = {b: {k: statistics.median(r[k] for r in run["backends"][b]) for k in ("busbw_GBps", "cpu_s_per_GB")}
                for b in ("maestro", "gloo")}
         bw = {b: [r["busbw_GBps"] for r in run["backends"][b]] for b in ("maestro", "gloo")}
-        rows.append([run["world"], f"{med['maestro']['busbw_GBps']:.2f} ({min(bw['maestro']):.2f}-{max(bw['maestro']):.2f})",
-                     f"{med['gloo']['busbw_GBps']:.2f} ({min(bw['gloo']):.2f}-{max(bw['gloo']):.2f})",
+        rows.append([run["world"], spread_cell(med["maestro"]["busbw_GBps"], bw["maestro"], "{:.2f}"),
+                     spread_cell(med["gloo"]["busbw_GBps"], bw["gloo"], "{:.2f}"),
                      f"**{med['maestro']['busbw_GBps'] / med['gloo']['busbw_GBps']:.2f}x**",
                      med["maestro"]["cpu_s_per_GB"], med["gloo"]["cpu_s_per_GB"]])
     return table(["ranks", "maestro busbw GB/s", "gloo busbw GB/s", "maestro vs gloo", "maestro CPU s/GB",
@@ -525,10 +592,10 @@ def footprint_cpu_table(rec: dict) -> str:
 
 
 SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
-            "models": sec_models, "load_balance": sec_load_balance, "detection": sec_detection,
-            "resiliency": sec_resiliency, "latency": sec_latency, "overheads": sec_overheads,
-            "discovery": sec_discovery, "hunting": sec_hunting, "footprint": sec_footprint,
-            "fabric_sim": fabric_sim_report.section}
+            "p2p_alltoall": sec_p2p_alltoall, "models": sec_models, "load_balance": sec_load_balance,
+            "detection": sec_detection, "resiliency": sec_resiliency, "latency": sec_latency,
+            "overheads": sec_overheads, "discovery": sec_discovery, "hunting": sec_hunting,
+            "footprint": sec_footprint, "fabric_sim": fabric_sim_report.section}
 
 
 # ---------------------------------------------------------------- docs/performance.md
@@ -705,10 +772,12 @@ def sanity(recs: dict) -> list[str]:
                     positive(name, f"{r['chunk']} busbw", r["busbw_GBps"])
                     positive(name, f"{r['chunk']} chunk samples", len(r["chunk_times_s"]))
                     positive(name, f"{r['chunk']} smallest chunk time", min(r["chunk_times_s"]))
-            elif name == "collectives":
+            elif name in ("collectives", "p2p_alltoall"):
                 for key, run in d["runs"].items():
                     for r in run["rows"]:
                         positive(name, f"{key} {r['variant']} {r['bytes']} B busbw", r["busbw_GBps"])
+                        if r.get("exact") is False:  # records before rank_bench checked results have none
+                            bad.append(f"{name}: {key} {r['variant']} {r['bytes']} B: the result was wrong")
             elif name == "models":
                 for key, run in d["runs"].items():
                     for r in run["rows"]:

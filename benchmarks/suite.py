@@ -12,6 +12,8 @@ Experiments (paper figure):
     p2p_paths     Fig. 8   point-to-point bandwidth vs paths (64 KiB writes), maestro vs one path vs gloo
     chunk_size    Fig. 9   per-chunk completion times and throughput vs chunk size
     collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP
+    p2p_alltoall  -        sendrecv (ring neighbours, batch_isend_irecv) and all_to_all_single busbw vs size,
+                           maestro (adaptive) vs gloo and vs maestro on one path, pinned
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: VGG19's sync, ResNet-50's training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
@@ -148,6 +150,35 @@ def exp_collectives(ctx):
                 runs[f"{mode}/{coll}"] = run_ranks(lab, argv, timeout=2400)
     return {"lab": "4 hosts, 2 leaves, 4 spines", "core_mbit": CORE, "access_mbit": ACCESS,
             "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "runs": runs}
+
+
+def exp_p2p_alltoall(ctx):
+    """Point to point and all-to-all, nccl-tests style, on the pinned lab of
+    exp_collectives: sendrecv (every rank sends to rank+1 and receives from
+    rank-1, batch_isend_irecv) and alltoall (all_to_all_single, equal
+    splits), maestro's default policy beside the gloo peers and maestro on
+    one path."""
+    sizes = "64K,16M" if ctx.quick else "64K,1M,16M,64M"
+    variants = ",".join(GLOO_PEERS + ("adaptive", "single"))
+    runs = {}
+    with ctx.lab("p2a", mode="pinned") as lab:
+        for coll in ("sendrecv", "alltoall"):
+            print(f"    pinned {coll}", file=sys.stderr, flush=True)
+            runs[coll] = run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants", variants,
+                                         "--budget", "0.5" if ctx.quick else "2"], timeout=2400)
+    # Physical limits (hosts 0, 1 on leaf 0, hosts 2, 3 on leaf 1; each
+    # direction of the core is 4 spine links of CORE Mbit/s; S = size):
+    # - sendrecv: the ring 0->1->2->3->0 crosses the core twice, 1->2 and
+    #   3->0, in opposite directions, S bytes each; every access link
+    #   carries S each way. busbw = algbw <= min(ACCESS, 4 * CORE) / 8.
+    # - alltoall: each rank sends S/4 to every rank (its own quarter stays
+    #   put). Leaf 0 -> leaf 1 carries 2 ranks x 2 remote ranks x S/4 = S
+    #   (and leaf 1 -> leaf 0 the same), whatever the algorithm: algbw <=
+    #   4 * CORE / 8. Each access link carries 3S/4 each way: algbw <=
+    #   ACCESS / 8 * 4/3. busbw = algbw * 3/4 <= min(3 * CORE, ACCESS) / 8.
+    limits = {"sendrecv": min(ACCESS, 4 * CORE) / 8 / 1000, "alltoall": min(3 * CORE, ACCESS) / 8 / 1000}
+    return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS,
+            "physical_limit_GBps": limits, "runs": runs}
 
 
 def train_on_lab(lab, model: str, variant: str, *, timeout: float) -> dict:

@@ -126,3 +126,52 @@ def test_a_report_elsewhere_leaves_the_recorded_docs_alone(tmp_path):
     assert (out / "results.md").exists() and not (out / "performance.md").exists()
     for name, text in docs.items():
         assert open(os.path.join(ROOT, name)).read() == text, f"{name} was rewritten"
+
+
+def p2p_alltoall_record(exact: bool = True) -> dict:
+    """A p2p_alltoall record as the suite writes it: sendrecv and alltoall
+    sweeps, every peer, two sizes, five iterations each."""
+    busbw = {"gloo": 24.0, "gloo-4dev": 20.0, "adaptive": 90.0, "single": 22.5}
+    runs = {}
+    for coll, scale in (("sendrecv", 1.0), ("alltoall", 0.6)):
+        rows = []
+        for size in (64 << 10, 16 << 20):
+            for v, x in busbw.items():
+                med = x * scale / 1e3  # GB/s
+                seconds = size / (med * 1e9)
+                rows.append({"variant": v, "bytes": size, "seconds": seconds, "algbw_GBps": med, "busbw_GBps": med,
+                             "iters": 5, "times": [seconds * f for f in (0.8, 0.9, 1.0, 1.1, 1.25)],
+                             "exact": exact or v != "adaptive"})
+        runs[coll] = {"collective": coll, "world": 4, "rows": rows}
+    machine = {"cpu": "test", "cores": 2, "memory_GiB": 8, "kernel": "6", "python": "3", "torch": "2",
+               "maestro_commit": "abc"}
+    return {"experiment": "p2p_alltoall", "status": "ok", "quick": True, "seconds": 54.0, "date": "2026-01-01T00:00:00",
+            "command": "scripts/bench.sh --quick --only p2p_alltoall", "machine": machine,
+            "data": {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": 200, "access_mbit": 1000,
+                     "physical_limit_GBps": {"sendrecv": 0.1, "alltoall": 0.075}, "runs": runs}}
+
+
+def test_p2p_alltoall_renders_a_table_per_collective_and_one_plot(tmp_path):
+    recs = {"p2p_alltoall": p2p_alltoall_record()}
+    assert report.sanity(recs) == []
+    md = report.render(recs, str(tmp_path))
+    assert "## Point to point and all-to-all vs gloo" in md
+    assert "**sendrecv** (physical limit 100 MB/s)" in md and "**alltoall** (physical limit 75 MB/s)" in md
+    # median (min-max) over the iterations: busbw = median * median time / time
+    line = next(l for l in md.splitlines() if l.startswith("| 16 MiB |"))
+    assert line.startswith("| 16 MiB | 24.0 (19.2-30.0) | 20.0 (16.0-25.0) | 90.0 (72.0-112.5) | 22.5 (18.0-28.1) |"), \
+        line
+    assert line.endswith("| gloo | 3.75 | 4 |"), line  # best gloo, adaptive / best gloo, adaptive / single
+    assert md.count("| 64 KiB |") == 2 and "Not measured" not in md and "Wrong results" not in md
+    assert md.count("results/p2p_alltoall.png") == 1 and (tmp_path / "results" / "p2p_alltoall.png").exists()
+
+
+def test_p2p_alltoall_wrong_results_and_missing_peers_are_reported(tmp_path):
+    rec = p2p_alltoall_record(exact=False)
+    for run in rec["data"]["runs"].values():
+        run["rows"] = [r for r in run["rows"] if r["variant"] != "gloo-4dev"]
+    problems = report.sanity({"p2p_alltoall": rec})
+    assert len(problems) == 4 and all("adaptive" in p and "the result was wrong" in p for p in problems), problems
+    _, body = report.sec_p2p_alltoall(rec, str(tmp_path))
+    assert body.count("**Wrong results:** adaptive at 16 MiB, adaptive at 64 KiB.") == 2, body
+    assert body.count("*Not measured in this record: gloo-4dev (") == 2, body
