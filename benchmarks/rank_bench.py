@@ -58,6 +58,14 @@ def gloo_device_count(variant: str) -> int | None:
     return None
 
 
+def is_gloo(variant: str) -> bool:
+    return variant == "gloo" or gloo_device_count(variant) is not None
+
+
+def is_maestro(variant: str) -> bool:
+    return not is_gloo(variant)
+
+
 def make_group(variant: str, extra: dict | None = None):
     """A process group for `variant`: "gloo" (one device: the default
     interface's address), "gloo-<n>dev" (gloo with one device on each of the
@@ -163,6 +171,16 @@ def cmd_sweep(args):
     n = dist.get_world_size()
     variants = args.variants.split(",")
     groups = {v: make_group(v, maestro_extra(args)) for v in variants}
+    # Rank 0's probed route (its first core hop) of every path per peer of
+    # each maestro group; empty where discovery did not run, or where the
+    # peer is on the same leaf (no core hop). MAESTRO_DISCOVERY=auto runs it
+    # where routers answer: what the report says of an ECMP run's settings
+    # comes from here.
+    routes = {}
+    for v, g in groups.items():
+        if is_maestro(v):
+            for s in maestro_torch.path_stats(g):
+                routes.setdefault(v, {}).setdefault(str(s["peer"]), []).append(s["route"])
     log("READY")
     rows = []
     for size in [parse_size(s) for s in args.sizes.split(",")]:
@@ -179,7 +197,7 @@ def cmd_sweep(args):
                          "times": times, "exact": bool(ok.item())})
             log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw"
                 + ("" if ok.item() else "  WRONG RESULT"))
-    emit({"collective": args.collective, "world": n, "rows": rows})
+    emit({"collective": args.collective, "world": n, "rows": rows, "routes": routes})
 
 
 # ---------------------------------------------------------------- p2p
@@ -188,12 +206,15 @@ def cmd_p2p(args):
     """Point-to-point bandwidth vs number of paths: rank 0 writes to rank 1
     (a 2-rank broadcast is exactly one chain of one-sided writes), with
     MAESTRO_CHUNK_SIZE=64K as the paper's 64 KiB perftest writes; gloo beside
-    it. Also the CPU time each process spent per transferred GB."""
+    it (and gloo with one device per vNIC address: a broadcast is one
+    collective, so it takes one device). Also the CPU time each process spent
+    per transferred GB."""
     size = parse_size(args.size)
     paths = [int(p) for p in args.paths.split(",")]
     groups = {f"maestro-{k}": new_group(backend="maestro", pg_options=maestro_torch.Options(
         paths=k, chunk_size="64K", policy="round_robin")) for k in paths}
-    groups["gloo"] = new_group(backend="gloo")
+    for peer in args.peers.split(","):
+        groups[peer] = make_group(peer)
     log("READY")
     t = torch.ones(size // 4)
     rows = []
@@ -206,7 +227,7 @@ def cmd_p2p(args):
         cpus = [None] * dist.get_world_size()
         dist.all_gather_object(cpus, cpu)
         med = statistics.median(times)
-        rows.append({"variant": name, "paths": int(name.split("-")[1]) if name != "gloo" else 1, "bytes": size,
+        rows.append({"variant": name, "paths": 1 if is_gloo(name) else int(name.split("-")[1]), "bytes": size,
                      "seconds": med, "gbps": size * 8 / med / 1e9,
                      "cpu_s_per_GB": [c / (size * len(times) / 1e9) for c in cpus]})
         log(f"  p2p {name:12} {size * 8 / med / 1e9:6.3f} Gbit/s")
@@ -255,7 +276,7 @@ def cmd_barrier(args):
         b = timed(lambda: dist.barrier(group=g), g, args.iters)
         a = timed(lambda: dist.all_reduce(tiny, group=g), g, args.iters)
         row = {"variant": v, "barrier_s": statistics.median(b), "tiny_allreduce_s": statistics.median(a)}
-        if v != "gloo" and gloo_device_count(v) is None:  # maestro: its paths' probe RTTs
+        if is_maestro(v):  # its paths' probe RTTs
             row["rtt_ms"] = [round(s["rtt_s"] * 1e3, 2) for s in maestro_torch.path_stats(g)]
         rows.append(row)
         log(f"  {v:12} barrier {row['barrier_s'] * 1e3:7.2f} ms  64-byte allreduce {row['tiny_allreduce_s'] * 1e3:7.2f} ms")
@@ -418,6 +439,7 @@ def main():
     p = sub.add_parser("p2p")
     p.add_argument("--size", default="64M")
     p.add_argument("--paths", default="1,2,3,4,5,6,7,8")
+    p.add_argument("--peers", default="gloo", help="comma-separated: gloo, gloo-<n>dev")
     p.add_argument("--iters", type=int, default=3)
     p = sub.add_parser("chunks")
     p.add_argument("--size", default="64M")

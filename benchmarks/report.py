@@ -38,6 +38,39 @@ def is_gloo(variant: str) -> bool:
     return variant == "gloo" or variant.startswith("gloo-")
 
 
+def routed(run: dict) -> bool | None:
+    """Whether discovery ran in every maestro group of a sweep (some path of
+    the group has a probed route), or None for records made before sweeps
+    recorded their routes (they asked for discovery explicitly)."""
+    groups = run.get("routes")
+    if groups is None:
+        return None
+    return all(any(r for paths in peers.values() for r in paths) for peers in groups.values())
+
+
+def ecmp_settings(run: dict) -> str:
+    """How maestro's groups of an ECMP sweep found their routes."""
+    found = routed(run)
+    if found is None:
+        return "ECMP mode: maestro groups use MAESTRO_DISCOVERY=ttl"
+    variant = "adaptive" if "adaptive" in run["routes"] else next(iter(run["routes"]))
+    peers = run["routes"][variant]
+    spines = {peer: (len({r for r in paths if r}), len(paths)) for peer, paths in peers.items() if any(paths)}
+    if found:
+        return (f"ECMP mode, maestro's defaults: discovery ran by itself (auto); {variant}'s paths from rank 0 to "
+                "the ranks across the core took " + ", ".join(f"{n} distinct spines for {k} paths (rank {p})"
+                                                              for p, (n, k) in sorted(spines.items())))
+    return "ECMP mode, maestro's defaults: discovery did NOT run in every maestro group"
+
+
+def ecmp_label(run: dict | None) -> str:
+    """The ECMP rows' name in the headline and targets tables."""
+    found = routed(run) if run else None
+    if found is None:
+        return "ecmp + discovery"
+    return "ecmp, defaults (discovery auto)" if found else "ecmp, defaults (no discovery)"
+
+
 def best_gloo(values: dict, lower_is_better: bool = False) -> tuple[str, float] | None:
     """(variant, value) of the best gloo configuration among `values`
     ({variant: figure}, None = no figure), or None when no gloo variant has
@@ -112,24 +145,29 @@ def busbw_of_iter(it: dict, nbytes: int, world: int) -> float:
 
 def sec_p2p_paths(rec, out):
     rows = rec["data"]["rows"]
-    maestro = [r for r in rows if r["variant"] != "gloo"]
-    gloo = next(r for r in rows if r["variant"] == "gloo")
+    maestro = [r for r in rows if not is_gloo(r["variant"])]
+    gloos = [r for r in rows if is_gloo(r["variant"])]
+    gloo = next(r for r in gloos if r["variant"] == "gloo")
     one = next((r for r in maestro if r["paths"] == 1), maestro[0])
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot([r["paths"] for r in maestro], [r["gbps"] for r in maestro], "o-", label="maestro")
-    ax.axhline(gloo["gbps"], color="gray", ls="--", label="gloo (one flow)")
+    for r, ls in zip(gloos, ("--", "-.")):
+        ax.axhline(r["gbps"], color="gray", ls=ls, label=f"{r['variant']} (one flow per collective)")
     ax.axhline(rec["data"]["access_mbit"] / 1000, color="red", ls=":", label="access link")
     ax.set_xlabel("paths")
     ax.set_ylabel("Gbit/s")
     ax.set_title("Point-to-point bandwidth vs paths (64 KiB chunks)")
-    ax.legend()
+    ax.legend(fontsize=8)
     body = table(["paths", "Gbit/s", "x one path", "x gloo"],
                  [[r["paths"], r["gbps"], r["gbps"] / one["gbps"], r["gbps"] / gloo["gbps"]] for r in maestro]
-                 + [["gloo", gloo["gbps"], gloo["gbps"] / one["gbps"], 1.0]])
+                 + [[r["variant"], r["gbps"], r["gbps"] / one["gbps"], r["gbps"] / gloo["gbps"]] for r in gloos])
+    multi = [r["variant"] for r in gloos if r["variant"] != "gloo"]
+    peers = (f" {multi[0]} (one gloo device per alias) is no faster: a broadcast is one collective, and gloo puts "
+             "a whole collective on one device." if multi else "")
     return ("Point-to-point bandwidth vs number of paths (paper Fig. 8)",
             f"Rank 0 writes 64 KiB chunks to rank 1 across the core ({rec['data']['core_mbit']} Mbit/s per "
             f"spine link, {rec['data']['access_mbit']} Mbit/s access): bandwidth grows with each path until the "
-            f"access link saturates.\n\n{body}\n\n{save(fig, out, 'p2p_paths')}")
+            f"access link saturates.{peers}\n\n{body}\n\n{save(fig, out, 'p2p_paths')}")
 
 
 def sec_chunk_size(rec, out):
@@ -214,8 +252,7 @@ def sec_collectives(rec, out):
             trs.append([size_label(s)] + [x * 1e3 for x in bw.values()]
                        + [g[0] if g else "-", best / g[1] if g and best else "-",
                           bw["single"] / bw["gloo"] if "single" in bw and "gloo" in bw else "-"])
-        parts.append(f"**{key}** (ECMP mode: maestro groups use MAESTRO_DISCOVERY=ttl)\n\n" if key.startswith("ecmp")
-                     else f"**{key}**\n\n")
+        parts.append(f"**{key}** ({ecmp_settings(run)})\n\n" if key.startswith("ecmp") else f"**{key}**\n\n")
         parts[-1] += (table(hdr, trs) + not_measured(variants) + "\n\n"
                       + save(fig, out, "collectives_" + key.replace("/", "_")))
     return ("Collectives vs gloo (paper Fig. 10)",
@@ -446,6 +483,7 @@ def sec_hunting(rec, out):
         bws = [t["busbw"] for t in trials]
         m = statistics.median(bws)
         rows.append([variant, len(trials), f"{m:.1f} [{min(bws):.1f}-{max(bws):.1f}]", f"{m / base:.2f}",
+                     f"{m / (d['physical_limit_GBps'] * 1e3):.2f}",
                      statistics.median(t["hunts"] for t in trials), all(t["ok"] for t in trials)])
     fig, ax = plt.subplots(figsize=(7, 3.4))
     for i, (variant, trials) in enumerate(runs.items()):
@@ -473,7 +511,8 @@ def sec_hunting(rec, out):
             "time from a source port whose probed route avoids the other paths' spines. Steady state = median "
             "busbw over the second half of each run; trials interleaved, spread = [min-max] over trials. "
             f"{note}\n\n"
-            + table(["variant", "trials", "busbw MB/s", "x unloaded", "paths re-opened", "all exact"], rows)
+            + table(["variant", "trials", "busbw MB/s", "x unloaded", "x physical limit", "paths re-opened",
+                     "all exact"], rows)
             + "\n\n" + save(fig, out, "hunting"))
 
 
@@ -483,7 +522,7 @@ def sec_latency(rec, out):
     ax.bar([r["variant"] for r in rows], [r["barrier_s"] * 1e3 for r in rows])
     ax.set_ylabel("barrier (ms)")
     lat = next((r for r in rows if r["variant"] == "latency"), None)
-    others = [r for r in rows if r["variant"] not in ("latency", "gloo")]
+    others = [r for r in rows if r["variant"] != "latency" and not is_gloo(r["variant"])]
     note = ""
     if lat and others:
         note = (f"The latency policy's barrier is **{min(r['barrier_s'] for r in others) / lat['barrier_s']:.1f} x "
@@ -498,7 +537,7 @@ def sec_latency(rec, out):
 
 def sec_overheads(rec, out):
     d = rec["data"]
-    p2p = [r for r in d["p2p"]["rows"] if r["variant"] != "gloo"]
+    p2p = [r for r in d["p2p"]["rows"] if not is_gloo(r["variant"])]
     setup = d["setup"]["rows"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4))
     a1.plot([r["paths"] for r in p2p], [max(r["cpu_s_per_GB"]) for r in p2p], "o-", label="busier rank")
@@ -665,7 +704,8 @@ def perf_targets(recs: dict) -> tuple[str, list[str]]:
             cells = [f"{v}: {bw[v]:.1f} MB/s = {bw[v] / limit:.2f} x limit"
                      + (f", **{bw[v] / g[1]:.2f}x** the best gloo" if g else "")
                      for v in ("adaptive", "adaptive+cubic") if v in bw]
-            rows.append([f"{mode}{' + discovery' if mode == 'ecmp' else ''}, 64 MiB allreduce busbw",
+            label = ecmp_label(col["data"]["runs"][f"{mode}/allreduce"]) if mode == "ecmp" else mode
+            rows.append([f"{label}, 64 MiB allreduce busbw",
                          "; ".join(cells + [f"best gloo {gloo_cell(g, bw, '{:.1f} MB/s')}"]), target])
     dis = recs.get("discovery")
     if dis and dis["status"] == "ok":
@@ -865,7 +905,7 @@ def headline(recs: dict) -> list[list]:
                 if variant not in get:
                     continue
                 m = get[variant]
-                rows.append([f"allreduce {size >> 20} MiB busbw, {mode}" + (" + discovery" if mode == "ecmp" else "") + how,
+                rows.append([f"allreduce {size >> 20} MiB busbw, " + (ecmp_label(run) if mode == "ecmp" else mode) + how,
                              f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", gloo_cell(g, get, "{:.0f} MB/s"),
                              f"**{m / g[1]:.2f}x**" if g else "-", "≥ 2x on collectives"])
     mod = recs.get("models")
@@ -926,10 +966,15 @@ def update_readme(readme: str, recs: dict) -> None:
         raise SystemExit(f"{readme}: markers {BEGIN} / {END} not found")
     recs = {k: r for k, r in recs.items() if k != "fabric_sim"}  # a simulation: not the lab's headline
     rows = headline(recs)
-    commands = ", ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in recs.values()))
+    runs = dict.fromkeys((r["command"], r["machine"]["maestro_commit"]) for r in recs.values())
+    commits = list(dict.fromkeys(c for _, c in runs))
+    if len(commits) == 1:  # one run at one commit, as a record should be
+        source = ", ".join(f"`{cmd}`" for cmd, _ in runs) + f" at maestro {commits[0]}"
+    else:
+        source = "; ".join(f"`{cmd}` at maestro {c}" for cmd, c in runs) + f" ({len(commits)} commits)"
     dates = sorted({r["date"][:10] for r in recs.values()})
     block = (f"{BEGIN}\n" + table(["measure (namespace leaf-spine lab, 4 ranks)"] + HEADLINE, rows)
-             + f"\n\nFrom {commands} on {dates[0] if dates[0] == dates[-1] else dates[0] + ' to ' + dates[-1]}; "
+             + f"\n\nFrom {source}, on {dates[0] if dates[0] == dates[-1] else dates[0] + ' to ' + dates[-1]}; "
                f"details, plots and commands in [docs/results.md](docs/results.md).\n{END}")
     start, end = text.index(BEGIN), text.index(END) + len(END)
     open(readme, "w").write(text[:start] + block + text[end:])

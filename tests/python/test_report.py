@@ -175,3 +175,33 @@ def test_p2p_alltoall_wrong_results_and_missing_peers_are_reported(tmp_path):
     _, body = report.sec_p2p_alltoall(rec, str(tmp_path))
     assert body.count("**Wrong results:** adaptive at 16 MiB, adaptive at 64 KiB.") == 2, body
     assert body.count("*Not measured in this record: gloo-4dev (") == 2, body
+
+
+def test_ecmp_rows_say_whether_the_defaults_ran_discovery():
+    rec = sweep_record({"gloo": 24.0, "adaptive": 90.0})
+    run = rec["data"]["runs"].pop("pinned/allreduce")
+    rec["data"]["runs"]["ecmp/allreduce"] = run
+    assert report.ecmp_label(run) == "ecmp + discovery"  # a record that asked for it (no routes recorded)
+    run["routes"] = {"adaptive": {"1": ["", ""], "2": ["10.2.0.2", "10.2.0.6"]}}
+    assert report.ecmp_label(run) == "ecmp, defaults (discovery auto)"
+    assert "2 distinct spines for 2 paths (rank 2)" in report.ecmp_settings(run)
+    run["routes"]["single"] = {"1": [""], "2": [""]}
+    assert report.ecmp_label(run) == "ecmp, defaults (no discovery)"
+    assert "did NOT run" in report.ecmp_settings(run)
+    (row,) = report.headline({"collectives": rec})
+    assert row[0] == "allreduce 64 MiB busbw, ecmp, defaults (no discovery)", row
+
+
+def test_readme_names_the_one_commit_of_a_record(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.BEGIN}\nold\n{report.END}\nrest\n")
+    machine = {"maestro_commit": "abc1234"}
+    recs = {"collectives": {**sweep_record({"gloo": 24.0, "adaptive": 90.0}), "command": "scripts/bench.sh",
+                            "date": "2026-11-23T10:00:00", "machine": machine}}
+    report.update_readme(str(readme), recs)
+    assert "From `scripts/bench.sh` at maestro abc1234, on 2026-11-23;" in readme.read_text()
+    recs["hunting"] = {**recs["collectives"], "command": "scripts/bench.sh --only hunting",
+                       "machine": {"maestro_commit": "def5678"}}
+    report.update_readme(str(readme), recs)
+    text = readme.read_text()
+    assert "`scripts/bench.sh --only hunting` at maestro def5678 (2 commits)" in text and "rest" in text
