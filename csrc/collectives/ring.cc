@@ -40,6 +40,7 @@
 #include "collectives/collectives.h"
 #include "collectives/exchange.h"
 #include "collectives/plan.h"
+#include "common/config.h"
 #include "common/error.h"
 
 namespace maestro {
@@ -77,7 +78,7 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
       segmentBlocks(plan.blocks, engine.config().segment_size, std::max<uint32_t>(1, kMessagesPerOp / steps));
   const uint32_t G = seg.per_block;
   const uint32_t total = steps * G;
-  const uint32_t K = static_cast<uint32_t>(engine.config().scratch_slots);
+  const uint32_t K = static_cast<uint32_t>(scratchSlots(engine.config(), n));
 
   std::vector<Window> mine = {plan.work};
   Region scratch;

@@ -183,10 +183,16 @@ std::vector<Knob> buildKnobs() {
                        " must be a multiple of 64 between 4096 and 1G");
          c.segment_size = s;
        }},
-      {"scratch_slots", "MAESTRO_SCRATCH_SLOTS", "4",
-       "reduce-scatter receive slots per group = credits the writer holds", true,
-       [](const Config& c) { return std::to_string(c.scratch_slots); },
+      {"scratch_slots", "MAESTRO_SCRATCH_SLOTS", "auto",
+       "reduce-scatter receive slots per group = credits the writer holds; auto: 4, or 16 in a group of two "
+       "ranks, whose credits come back behind the peer's own data",
+       true,
+       [](const Config& c) { return c.scratch_slots == 0 ? std::string("auto") : std::to_string(c.scratch_slots); },
        [](Config& c, const std::string& v) {
+         if (trim(v) == "auto") {
+           c.scratch_slots = 0;
+           return;
+         }
          c.scratch_slots = static_cast<int>(parseInt("MAESTRO_SCRATCH_SLOTS", v, 2, 256));
        }},
       {"reg_cache_size", "MAESTRO_REG_CACHE_SIZE", "256", "memory registrations cached per group",
@@ -284,6 +290,11 @@ std::vector<Knob> buildKnobs() {
 }  // namespace
 
 size_t chunkSizeFor(const std::string& transport) { return transport == "verbs" ? 50 * 1024 : 256 * 1024; }
+
+int scratchSlots(const Config& config, int group_size) {
+  if (config.scratch_slots > 0) return config.scratch_slots;
+  return group_size == 2 ? 16 : 4;
+}
 
 const char* policyName(Policy policy) {
   switch (policy) {

@@ -33,7 +33,7 @@ struct Config {
   std::vector<double> weights;          // for policy=weighted (empty: measured)
   int window = 8;                       // chunks in flight per path (paper: 8 WRs)
   size_t segment_size = 1 << 20;        // pipeline unit of the collectives
-  int scratch_slots = 4;                // reduce-scatter receive slots (credits)
+  int scratch_slots = 0;                // reduce-scatter receive slots (credits); 0 = auto (scratchSlots)
   size_t reg_cache_size = 256;          // registrations kept per group
   size_t small_msg = 16 * 1024;         // latency policy: messages up to this size
   bool busy_poll = false;               // spin on the completion queue (verbs) / event loop (tcp)
@@ -88,6 +88,16 @@ const std::vector<Knob>& knobs();
 // of the allreduce in that overhead, while on the lab every size from
 // 12.5 to 400 KiB reached the same bandwidth).
 size_t chunkSizeFor(const std::string& transport);
+
+// MAESTRO_SCRATCH_SLOTS=auto: the reduce-scatter writer holds one credit per
+// slot and gets it back from its right neighbour once the slot is reduced.
+// In a ring of three or more that credit comes back on an otherwise idle
+// direction, and 4 slots of a segment keep the paths busy (93 % of the lab's
+// limit on 4 ranks). With two ranks the right neighbour is also the left
+// one: the credit queues behind that peer's own reduce-scatter data (socket
+// buffers, switch queues), and 4 slots left the lab's 2-rank allreduce at
+// 0.78 of its limit, 16 at 0.90.
+int scratchSlots(const Config& config, int group_size);
 
 // Helpers shared by the parsers (exposed for tests).
 size_t parseSize(const std::string& knob, const std::string& text);  // "51200", "50K", "1M"
