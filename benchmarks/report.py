@@ -53,14 +53,14 @@ def ecmp_settings(run: dict) -> str:
     found = routed(run)
     if found is None:
         return "ECMP mode: maestro groups use MAESTRO_DISCOVERY=ttl"
+    if not found:
+        return "ECMP mode, maestro's defaults: discovery did NOT run in every maestro group"
     variant = "adaptive" if "adaptive" in run["routes"] else next(iter(run["routes"]))
-    peers = run["routes"][variant]
-    spines = {peer: (len({r for r in paths if r}), len(paths)) for peer, paths in peers.items() if any(paths)}
-    if found:
-        return (f"ECMP mode, maestro's defaults: discovery ran by itself (auto); {variant}'s paths from rank 0 to "
-                "the ranks across the core took " + ", ".join(f"{n} distinct spines for {k} paths (rank {p})"
-                                                              for p, (n, k) in sorted(spines.items())))
-    return "ECMP mode, maestro's defaults: discovery did NOT run in every maestro group"
+    crossing = sorted((peer, paths) for peer, paths in run["routes"][variant].items() if any(paths))
+    spines = ", ".join(f"{len({r for r in paths if r})} distinct spines for {len(paths)} paths (rank {peer})"
+                       for peer, paths in crossing)
+    return (f"ECMP mode, maestro's defaults: discovery ran by itself (auto); {variant}'s paths from rank 0 to the "
+            f"ranks across the core took {spines}")
 
 
 def ecmp_label(run: dict | None) -> str:

@@ -147,7 +147,7 @@ def exp_collectives(ctx):
                 print(f"    {mode} {coll}", file=sys.stderr, flush=True)
                 # No discovery flag under ECMP: the defaults (MAESTRO_DISCOVERY=auto) must
                 # find that the routers hash the paths and run discovery by themselves;
-                # the sweep records whether every path got a probed route.
+                # the sweep records the route each path was given (none: no discovery).
                 argv = ["sweep", "--collective", coll, "--sizes", sizes, "--variants", variants,
                         "--budget", "0.5" if ctx.quick else "2"]
                 runs[f"{mode}/{coll}"] = run_ranks(lab, argv, timeout=2400)
