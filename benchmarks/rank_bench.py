@@ -34,8 +34,7 @@ import maestro_torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gloo_devices  # noqa: E402
 from allreduce_bench import parse_size  # noqa: E402
-
-MAESTRO_POLICIES = ("adaptive", "round_robin", "weighted", "latency", "single")
+from variants import MAESTRO_POLICIES, gloo_device_count, is_gloo, is_maestro, maestro_policy  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -51,28 +50,10 @@ def new_group(**kw):
     return dist.new_group(timeout=GROUP_TIMEOUT, **kw)
 
 
-def gloo_device_count(variant: str) -> int | None:
-    """"gloo-<n>dev" -> n (gloo with one device per vNIC address), else None."""
-    if variant.startswith("gloo-") and variant.endswith("dev") and variant[5:-3].isdigit():
-        return int(variant[5:-3])
-    return None
-
-
-def is_gloo(variant: str) -> bool:
-    return variant == "gloo" or gloo_device_count(variant) is not None
-
-
-def is_maestro(variant: str) -> bool:
-    return not is_gloo(variant)
-
-
 def make_group(variant: str, extra: dict | None = None):
-    """A process group for `variant`: "gloo" (one device: the default
-    interface's address), "gloo-<n>dev" (gloo with one device on each of the
-    rank's first n vNIC addresses, MAESTRO_VNICS: benchmarks/gloo_devices.py),
-    or a maestro policy name (with the given extra Options), optionally
-    "+<tcp congestion control>", e.g. "adaptive+cubic"
-    (MAESTRO_TCP_CONGESTION for that group only)."""
+    """A process group for `variant` (benchmarks/variants.py), maestro's
+    with the given extra Options; gloo-<n>dev takes its addresses from
+    MAESTRO_VNICS (benchmarks/gloo_devices.py)."""
     if variant == "gloo":
         return new_group(backend="gloo")
     devices = gloo_device_count(variant)
@@ -82,7 +63,7 @@ def make_group(variant: str, extra: dict | None = None):
             raise SystemExit(f"variant {variant}: {devices} devices, but MAESTRO_VNICS has {len(addrs)} addresses")
         gloo_devices.register()
         return new_group(backend=gloo_devices.BACKEND, pg_options=gloo_devices.options(addrs[:devices]))
-    policy, _, congestion = variant.partition("+")
+    policy, congestion = maestro_policy(variant)
     opts = dict(extra or {}, policy=policy)
     if congestion:
         opts["tcp_congestion"] = congestion

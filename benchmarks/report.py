@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import fabric_sim_report  # noqa: E402
+from variants import is_gloo  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -32,10 +33,6 @@ MBYTE = 1e6
 # measured them lack some; the report says which instead of showing numbers.
 GLOO_PEERS = ("gloo", "gloo-4dev")
 PEERS = GLOO_PEERS + ("single",)
-
-
-def is_gloo(variant: str) -> bool:
-    return variant == "gloo" or variant.startswith("gloo-")
 
 
 def routed(run: dict) -> bool | None:
@@ -535,6 +532,12 @@ def sec_latency(rec, out):
             + "\n\n" + save(fig, out, "latency"))
 
 
+def core_share(row: dict, side: int) -> float:
+    """Fraction of one core a rank of a point-to-point row kept busy (0:
+    sender, 1: receiver): its CPU seconds per GB times the GB per second."""
+    return row["cpu_s_per_GB"][side] * row["gbps"] / 8
+
+
 def sec_overheads(rec, out):
     d = rec["data"]
     p2p = [r for r in d["p2p"]["rows"] if not is_gloo(r["variant"])]
@@ -546,11 +549,20 @@ def sec_overheads(rec, out):
     a2.plot([r["paths"] for r in setup], [r["setup_s"] * 1e3 for r in setup], "o-")
     a2.set_xlabel("paths")
     a2.set_ylabel("group set-up (ms)")
+    def per_path(r):  # the receiving rank's, the busier one
+        return core_share(r, 1) / r["paths"]
+    worst = max(p2p, key=per_path)
     return ("Overheads (paper Fig. 13, Table 3)",
             "CPU time of each rank process (all threads) per GB transferred point to point at line rate, and the "
-            "time to create a group (rendezvous, connections) vs the number of paths.\n\n"
-            + table(["paths", "Gbit/s", "CPU s/GB sender", "CPU s/GB receiver"],
-                    [[r["paths"], r["gbps"], r["cpu_s_per_GB"][0], r["cpu_s_per_GB"][1]] for r in p2p]) + "\n\n"
+            "time to create a group (rendezvous, connections) vs the number of paths. The share of a core is that "
+            "CPU time per second at the measured rate (CPU s/GB x GB/s). The receiving rank, the busier one, uses "
+            f"at most **{per_path(worst) * 100:.1f} % of a core per path** (with "
+            f"{worst['paths']} path{'s' if worst['paths'] > 1 else ''}; the paper's budget: about 6 %).\n\n"
+            + table(["paths", "Gbit/s", "CPU s/GB sender", "CPU s/GB receiver", "core share sender",
+                     "core share receiver", "receiver per path"],
+                    [[r["paths"], r["gbps"], r["cpu_s_per_GB"][0], r["cpu_s_per_GB"][1],
+                      f"{core_share(r, 0) * 100:.1f} %", f"{core_share(r, 1) * 100:.1f} %",
+                      f"{per_path(r) * 100:.1f} %"] for r in p2p]) + "\n\n"
             + table(["paths", "set-up ms"], [[r["paths"], r["setup_s"] * 1e3] for r in setup])
             + "\n\n" + save(fig, out, "overheads"))
 
@@ -643,13 +655,20 @@ def markers(name: str) -> tuple[str, str]:
     return f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
 
 
-def provenance_line(recs: dict, names: list[str]) -> str:
-    """The commands, commits and dates of the records `names`, one entry per
-    run, each with its data files."""
+def runs_of(recs: dict, names) -> dict:
+    """{(command, maestro commit, date): [record names]}: the runs that made
+    the records `names`, in their order."""
     runs = {}
     for n in names:
         r = recs[n]
         runs.setdefault((r["command"], r["machine"]["maestro_commit"], r["date"][:10]), []).append(n)
+    return runs
+
+
+def provenance_line(recs: dict, names: list[str]) -> str:
+    """The commands, commits and dates of the records `names`, one entry per
+    run, each with its data files."""
+    runs = runs_of(recs, names)
     return "*From " + "; ".join(
         f"`{cmd}` at maestro {commit}, {date} ({', '.join(f'`results/data/{n}.json`' for n in files)})"
         for (cmd, commit, date), files in runs.items()) + ".*"
@@ -966,13 +985,14 @@ def update_readme(readme: str, recs: dict) -> None:
         raise SystemExit(f"{readme}: markers {BEGIN} / {END} not found")
     recs = {k: r for k, r in recs.items() if k != "fabric_sim"}  # a simulation: not the lab's headline
     rows = headline(recs)
-    runs = dict.fromkeys((r["command"], r["machine"]["maestro_commit"]) for r in recs.values())
-    commits = list(dict.fromkeys(c for _, c in runs))
+    runs = runs_of(recs, recs)
+    commands = list(dict.fromkeys((cmd, c) for cmd, c, _ in runs))
+    commits = list(dict.fromkeys(c for _, c in commands))
     if len(commits) == 1:  # one run at one commit, as a record should be
-        source = ", ".join(f"`{cmd}`" for cmd, _ in runs) + f" at maestro {commits[0]}"
+        source = ", ".join(f"`{cmd}`" for cmd, _ in commands) + f" at maestro {commits[0]}"
     else:
-        source = "; ".join(f"`{cmd}` at maestro {c}" for cmd, c in runs) + f" ({len(commits)} commits)"
-    dates = sorted({r["date"][:10] for r in recs.values()})
+        source = "; ".join(f"`{cmd}` at maestro {c}" for cmd, c in commands) + f" ({len(commits)} commits)"
+    dates = sorted({d for _, _, d in runs})
     block = (f"{BEGIN}\n" + table(["measure (namespace leaf-spine lab, 4 ranks)"] + HEADLINE, rows)
              + f"\n\nFrom {source}, on {dates[0] if dates[0] == dates[-1] else dates[0] + ' to ' + dates[-1]}; "
                f"details, plots and commands in [docs/results.md](docs/results.md).\n{END}")

@@ -44,9 +44,14 @@ def test_vnics_come_from_maestro_vnics(monkeypatch):
         gloo_devices.parse(" , ")
 
 
-def test_rank_bench_names_gloo_device_variants():
-    import rank_bench
+def test_variant_names_sort_gloo_from_maestro():
+    import variants
 
-    assert rank_bench.gloo_device_count("gloo-4dev") == 4
-    assert rank_bench.gloo_device_count("gloo") is None
-    assert rank_bench.gloo_device_count("adaptive") is None
+    assert variants.gloo_device_count("gloo-4dev") == 4
+    assert variants.gloo_device_count("gloo") is None
+    assert variants.gloo_device_count("adaptive") is None
+    assert variants.gloo_device_count("gloo-xdev") is None
+    assert [v for v in ("gloo", "gloo-4dev", "adaptive", "single", "adaptive+cubic") if variants.is_gloo(v)] \
+        == ["gloo", "gloo-4dev"]
+    assert variants.maestro_policy("adaptive+cubic") == ("adaptive", "cubic")
+    assert variants.maestro_policy("single") == ("single", "")

@@ -1,0 +1,34 @@
+"""The names of the process groups a benchmark compares (its "variants"),
+shared by the rank side (rank_bench.py, which builds them) and the report
+(report.py, which sorts them into maestro and its gloo peers). No torch
+here: the report runs without it.
+
+    gloo            gloo with one device (the default interface's address)
+    gloo-<n>dev     gloo with one device on each of the rank's first n vNIC addresses
+    <policy>[+cc]   maestro with that load-balancing policy, optionally a TCP
+                    congestion control for its paths, e.g. "adaptive+cubic"
+"""
+from __future__ import annotations
+
+MAESTRO_POLICIES = ("adaptive", "round_robin", "weighted", "latency", "single")
+
+
+def gloo_device_count(variant: str) -> int | None:
+    """"gloo-<n>dev" -> n, else None."""
+    if variant.startswith("gloo-") and variant.endswith("dev") and variant[5:-3].isdigit():
+        return int(variant[5:-3])
+    return None
+
+
+def is_gloo(variant: str) -> bool:
+    return variant == "gloo" or gloo_device_count(variant) is not None
+
+
+def is_maestro(variant: str) -> bool:
+    return not is_gloo(variant)
+
+
+def maestro_policy(variant: str) -> tuple[str, str]:
+    """"adaptive+cubic" -> ("adaptive", "cubic"); "adaptive" -> ("adaptive", "")."""
+    policy, _, congestion = variant.partition("+")
+    return policy, congestion
