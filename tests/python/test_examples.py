@@ -32,27 +32,48 @@ _runs: dict = {}
 def torchrun(example: str, backend: str, nproc: int = 2, *args: str) -> dict:
     """Run `torchrun --nproc_per_node N examples/<example>.py --backend B ...`
     once per module (tests share runs); its exit code, output, per-step
-    losses and rank 0's summary line."""
+    losses and rank 0's summary line.
+
+    gloo is the reference the losses are compared with, not what is tested.
+    ProcessGroupGloo now and then aborts a rank while the process exits, after
+    the example printed every step and its summary ("terminate called without
+    an active exception" from a 4-rank moe run in CI, where maestro is not
+    even loaded). Such a gloo run is made once more, and the second must be clean; maestro's
+    runs are never retried."""
     key = (example, backend, nproc, args)
     if key not in _runs:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                os.path.join("examples", f"{example}.py"), "--backend", backend, *args]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        start = time.monotonic()
-        try:
-            p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
-            code, out, err = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired as e:  # the process group is killed with torchrun
-            code, out, err = "timeout", e.stdout or "", e.stderr or ""
-            out, err = (s.decode(errors="replace") if isinstance(s, bytes) else s for s in (out, err))
-        wall = time.monotonic() - start
-        steps = STEP.findall(out)
-        summary = [l for l in out.splitlines() if l.startswith(f"{example}") and " on " in l]
-        _runs[key] = {"cmd": " ".join(argv[3:]), "code": code, "out": out, "err": err, "wall": wall,
-                      "steps": [int(s) for s, _ in steps], "losses": [float(l) for _, l in steps],
-                      "summary": summary[-1] if summary else ""}
-        print(f"{_runs[key]['cmd']}: exit {code}, {wall:.1f} s, losses {_runs[key]['losses']}")
+        run = _torchrun_once(example, backend, nproc, *args)
+        if backend == "gloo" and gloo_aborted_at_exit(run):
+            print(f"{run['cmd']}: gloo aborted at exit after a complete run ({errors(run)[:1]}); run again")
+            run = _torchrun_once(example, backend, nproc, *args)
+        _runs[key] = run
     return _runs[key]
+
+
+def gloo_aborted_at_exit(run: dict) -> bool:
+    """The run printed its summary (every step ran), then a rank aborted natively."""
+    return run["code"] != 0 and bool(run["summary"]) and any(e.startswith("terminate called") for e in errors(run))
+
+
+def _torchrun_once(example: str, backend: str, nproc: int, *args: str) -> dict:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            os.path.join("examples", f"{example}.py"), "--backend", backend, *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    try:
+        p = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+        code, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:  # the process group is killed with torchrun
+        code, out, err = "timeout", e.stdout or "", e.stderr or ""
+        out, err = (s.decode(errors="replace") if isinstance(s, bytes) else s for s in (out, err))
+    wall = time.monotonic() - start
+    steps = STEP.findall(out)
+    summary = [l for l in out.splitlines() if l.startswith(f"{example}") and " on " in l]
+    run = {"cmd": " ".join(argv[3:]), "code": code, "out": out, "err": err, "wall": wall,
+           "steps": [int(s) for s, _ in steps], "losses": [float(l) for _, l in steps],
+           "summary": summary[-1] if summary else ""}
+    print(f"{run['cmd']}: exit {code}, {wall:.1f} s, losses {run['losses']}")
+    return run
 
 
 RANK_ERROR = re.compile(r"^\[rank\d+\]: \w+(Error|Exception): .*$|^terminate called.*$", re.M)
