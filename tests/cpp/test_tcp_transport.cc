@@ -89,9 +89,9 @@ class RawPeer : public ::testing::Test {
     for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
   }
   std::string waitError() {
-    EXPECT_TRUE(sink_.waitFor([&] { return !sink_.errors.empty(); }, 10));
-    std::lock_guard<std::mutex> lock(sink_.mu);
-    return sink_.errors.empty() ? "" : sink_.errors[0];
+    EXPECT_TRUE(sink_.waitFor([&](const auto& s) { return !s.errors.empty(); }, 10));
+    auto errors = sink_.now().errors;
+    return errors.empty() ? "" : errors[0];
   }
 
   static constexpr size_t kGuard = 256;
@@ -204,7 +204,7 @@ TEST_F(RawPeer, HelloFromAnotherAddressIsRefused) {
   EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadAddress), r.status);
   ::close(fd);
   EXPECT_FALSE(net::waitReadable(fd_, after(0.3))) << "the live connection was closed";
-  auto errors = sink_.errorsNow();
+  auto errors = sink_.now().errors;
   EXPECT_TRUE(errors.empty()) << errors[0];
 }
 
@@ -265,12 +265,12 @@ TEST_F(RawPeer, WriteInTransmissionIsFlushedWhenTheConnectionIsReplaced) {
   t_->postWrite(0, 0, w);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into sendmsg(), which blocks
   EXPECT_EQ(0u, hello(0, 0));
-  EXPECT_TRUE(sink_.waitFor([&] { return sink_.flushed.size() == 1; }, 10))
+  EXPECT_TRUE(sink_.waitFor([&](const auto& s) { return s.flushed.size() == 1; }, 10))
       << "the write in transmission was never completed";
   {
-    std::lock_guard<std::mutex> lock(sink_.mu);
-    EXPECT_TRUE(sink_.completed.empty());
-    if (!sink_.flushed.empty()) EXPECT_EQ(77u, sink_.flushed[0]);
+    auto r = sink_.now();
+    EXPECT_TRUE(r.completed.empty());
+    if (!r.flushed.empty()) EXPECT_EQ(77u, r.flushed[0]);
   }
   ::close(first);
   t_->shutdown();  // before `big` goes
@@ -279,7 +279,7 @@ TEST_F(RawPeer, WriteInTransmissionIsFlushedWhenTheConnectionIsReplaced) {
 TEST_F(RawPeer, GoodWriteLands) {
   ASSERT_EQ(0u, hello(0, 0));
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 100, 50, true, 9), 50);
-  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
   for (size_t i = 0; i < memory_.size(); ++i)
     ASSERT_EQ((i >= kGuard + 100 && i < kGuard + 150) ? 0xA1 : 0x5C, memory_[i]) << i;
   // ...and is acknowledged with an ACK frame counting it.
@@ -309,7 +309,7 @@ TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
     ASSERT_EQ(1, ::send(fd_, &byte, 1, MSG_NOSIGNAL));
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 2 && sink_.messages.size() == 1; }, 10));
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 2 && s.messages.size() == 1; }, 10));
   // Every write is ACKed, the last one included (it had no immediate).
   uint64_t acked = 0;
   while (acked < 3) {
@@ -319,17 +319,17 @@ TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
     acked = ack.offset;
   }
   EXPECT_EQ(3u, acked);
-  EXPECT_EQ(1u, sink_.arrivals[0].first);
-  EXPECT_EQ(100u, sink_.arrivals[0].second);
-  EXPECT_EQ(2u, sink_.arrivals[1].first);
-  EXPECT_EQ(0u, sink_.arrivals[1].second);
-  EXPECT_EQ("mmmmm", sink_.messages[0]);
+  EXPECT_EQ(1u, sink_.now().arrivals[0].first);
+  EXPECT_EQ(100u, sink_.now().arrivals[0].second);
+  EXPECT_EQ(2u, sink_.now().arrivals[1].first);
+  EXPECT_EQ(0u, sink_.now().arrivals[1].second);
+  EXPECT_EQ("mmmmm", sink_.now().messages[0]);
   for (size_t i = 0; i < memory_.size(); ++i) {
     size_t o = i - kGuard;
     uint8_t want = i < kGuard ? 0x5C : (o >= 10 && o < 110) ? 0x11 : (o >= 300 && o < 364) ? 0x22 : 0x5C;
     ASSERT_EQ(want, memory_[i]) << "byte " << i;
   }
-  EXPECT_TRUE(sink_.errorsNow().empty());
+  EXPECT_TRUE(sink_.now().errors.empty());
 }
 
 // A peer that stops in the middle of a payload (frozen: SIGSTOP, a swap
@@ -358,7 +358,7 @@ TEST_F(RawPeer, ConcealDoesNotWaitForAPeerFrozenMidPayload) {
   ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
   for (size_t i = kGuard + 100; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
-  auto errors = sink_.errorsNow();
+  auto errors = sink_.now().errors;
   EXPECT_TRUE(errors.empty()) << "the path failed: " << errors[0];
   key_ = t_->expose(region_);  // TearDown conceals it once more
 }
@@ -382,7 +382,7 @@ TEST_F(RawPeer, PeerClosingMidPayloadFailsThePathAndReleasesTheRegion) {
       << "the failed path still pins the region";
   concealed.wait();
   key_ = t_->expose(region_);  // TearDown conceals once more
-  EXPECT_TRUE(sink_.arrivals.empty());
+  EXPECT_TRUE(sink_.now().arrivals.empty());
 }
 
 // shutdown() is the point after which the sink may be destroyed: a
@@ -449,14 +449,14 @@ TEST_F(RawPeer, PathReportsTheKernelsCongestionControlByDefault) {
   EXPECT_TRUE(t_->pathCounters(0, 0).congestion.empty());  // no such path yet
   ASSERT_EQ(0u, hello(0, 0));
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
-  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
   EXPECT_EQ(kernelDefaultCongestion(), t_->pathCounters(0, 0).congestion);
 }
 
 TEST_F(RawPeerReno, PathRunsTheConfiguredCongestionControlAndCountsItsBytes) {
   ASSERT_EQ(0u, hello(0, 0));
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
-  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
   FrameHeader ack;
   ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));  // the transport has sent (at least) this ACK
   const transport::PathCounters c = t_->pathCounters(0, 0);
@@ -482,7 +482,7 @@ TEST_P(RawPeerBadFrame, IsRejectedAndNothingIsWritten) {
   std::string error = waitError();
   EXPECT_NE(std::string::npos, error.find(bad.expect)) << error;
   expectUntouched();
-  EXPECT_TRUE(sink_.arrivals.empty());
+  EXPECT_TRUE(sink_.now().arrivals.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -517,10 +517,10 @@ TEST_F(RawPeer, StaleWritesAreDrainedNotWritten) {
   ASSERT_NE(old_key, key_) << "each exposure draws a fresh key";
   sendFrame(transport::tcp::writeFrame(region_.id, old_key, 0, 64, true, 2), 64);  // key of the last exposure
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 8, true, 3), 8);       // a good one after them
-  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
-  EXPECT_EQ(3u, sink_.arrivals[0].first);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
+  EXPECT_EQ(3u, sink_.now().arrivals[0].first);
   for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(i >= kGuard && i < kGuard + 8 ? 0xA1 : 0x5C, memory_[i]) << i;
-  EXPECT_TRUE(sink_.errorsNow().empty());
+  EXPECT_TRUE(sink_.now().errors.empty());
 }
 
 
@@ -592,17 +592,17 @@ TEST_F(RawPeerSingleCopy, ByReferenceWritesLandAfterAnAcceptedOfferAndNotOnceThe
   ASSERT_TRUE(readUntil(transport::tcp::FrameType::kAccept, &accept));
   std::vector<uint8_t> first(50, 0xB7), second(50, 0xC3);
   sendByReference(100, first.size(), first.data(), 7);
-  ASSERT_TRUE(sink_.waitFor([&] { return sink_.arrivals.size() == 1; }, 10));
-  EXPECT_EQ(7u, sink_.arrivals[0].first);
-  EXPECT_EQ(50u, sink_.arrivals[0].second);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
+  EXPECT_EQ(7u, sink_.now().arrivals[0].first);
+  EXPECT_EQ(50u, sink_.now().arrivals[0].second);
   alive_->store(0);
   sendByReference(200, second.size(), second.data(), 8);
   FrameHeader ack{};
   while (ack.offset < 2) ASSERT_TRUE(readUntil(transport::tcp::FrameType::kAck, &ack)) << "both writes are ACKed";
   for (size_t i = 0; i < memory_.size(); ++i)
     ASSERT_EQ((i >= kGuard + 100 && i < kGuard + 150) ? 0xB7 : 0x5C, memory_[i]) << i;
-  EXPECT_EQ(1u, sink_.arrivals.size()) << "the dropped write raised no arrival";
-  EXPECT_TRUE(sink_.errorsNow().empty());
+  EXPECT_EQ(1u, sink_.now().arrivals.size()) << "the dropped write raised no arrival";
+  EXPECT_TRUE(sink_.now().errors.empty());
 }
 
 // A by-reference write is checked against the region like any other: one
@@ -665,9 +665,9 @@ class TcpSingleCopyPair : public TransportContract {
     Region remote = t_[1]->registerMemory(dst.data(), dst.size());
     RemoteRegion rr = toRemote(remote);
     rr.key = t_[1]->expose(remote);
-    size_t before = sinks_[0].completed.size();
+    size_t before = sinks_[0].now().completed.size();
     auto chunks = writeChunks(local, src.data(), rr, bytes, 64 * 1024, 0);
-    ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == before + chunks.size(); }));
+    ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.completed.size() == before + chunks.size(); }));
     EXPECT_EQ(0, std::memcmp(src.data(), dst.data(), bytes));
     t_[1]->conceal(remote);
     t_[1]->deregisterMemory(remote);
@@ -681,7 +681,7 @@ TEST_P(TcpSingleCopyPair, PayloadsGoByReferenceOnlyWhereSingleCopyIsOn) {
   uint64_t before = referenceBytes();
   ASSERT_NO_FATAL_FAILURE(roundOfWrites(bytes));
   EXPECT_EQ(GetParam().single_copy ? bytes : 0u, referenceBytes() - before);
-  EXPECT_TRUE(sinks_[0].errorsNow().empty() && sinks_[1].errorsNow().empty());
+  EXPECT_TRUE(sinks_[0].now().errors.empty() && sinks_[1].now().errors.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tcp, TcpSingleCopyPair,

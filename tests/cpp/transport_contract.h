@@ -115,25 +115,25 @@ TEST_P(TransportContract, ChunkedWriteAcrossAllPaths) {
   RemoteRegion rr = toRemote(remote);
   rr.key = key;
   auto chunks = writeChunks(local, src.data(), rr, bytes, chunk, 1000, 5);
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == chunks.size(); }));
-  ASSERT_TRUE(sinks_[1].waitFor([&] { return sinks_[1].arrivals.size() == chunks.size(); }));
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.completed.size() == chunks.size(); }));
+  ASSERT_TRUE(sinks_[1].waitFor([&](const auto& s) { return s.arrivals.size() == chunks.size(); }));
   EXPECT_EQ(0, std::memcmp(src.data(), dst.data() + 64, bytes));
   for (int i = 0; i < 64; ++i) {
     EXPECT_EQ(0xEE, dst[i]);
     EXPECT_EQ(0xEE, dst[64 + bytes + i]);
   }
   std::set<uint32_t> seen;
-  for (auto& a : sinks_[1].arrivals) {
+  for (auto& a : sinks_[1].now().arrivals) {
     EXPECT_EQ(5u, multipath::immTag(a.first));
     EXPECT_EQ(chunks[multipath::immChunk(a.first)].length, a.second);
     EXPECT_TRUE(seen.insert(a.first).second) << "immediate delivered twice";
   }
   EXPECT_EQ(chunks.size(), seen.size());
-  EXPECT_EQ(static_cast<size_t>(paths_), sinks_[1].arrival_paths.size());
-  std::vector<uint64_t> ids = sinks_[0].completed;
+  EXPECT_EQ(static_cast<size_t>(paths_), sinks_[1].now().arrival_paths.size());
+  std::vector<uint64_t> ids = sinks_[0].now().completed;
   std::sort(ids.begin(), ids.end());
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(1000 + i, ids[i]);
-  EXPECT_TRUE(sinks_[0].errorsNow().empty() && sinks_[1].errorsNow().empty());
+  EXPECT_TRUE(sinks_[0].now().errors.empty() && sinks_[1].now().errors.empty());
   t_[1]->conceal(remote);
 }
 
@@ -148,14 +148,14 @@ TEST_P(TransportContract, RegistrationReusedAcrossIterations) {
     uint64_t key = t_[1]->expose(remote);
     RemoteRegion rr = toRemote(remote);
     rr.key = key;
-    size_t before = sinks_[0].completed.size();
+    size_t before = sinks_[0].now().completed.size();
     for (int p = 0; p < paths_; ++p) {
       size_t part = src.size() * 4 / paths_;
       transport::WriteRequest w{local, reinterpret_cast<uint8_t*>(src.data()) + p * part, part, rr, p * part,
                                 true, static_cast<uint32_t>(it), static_cast<uint64_t>(p)};
       t_[0]->postWrite(1, p, w);
     }
-    ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == before + paths_; }));
+    ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.completed.size() == before + paths_; }));
     EXPECT_EQ(src, dst) << "iteration " << it;
     t_[1]->conceal(remote);
   }
@@ -168,8 +168,9 @@ TEST_P(TransportContract, ControlMessagesOnEveryPath) {
     t_[1]->postSend(0, p, m.data(), m.size());
   }
   for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(sinks_[r].waitFor([&] { return sinks_[r].messages.size() == static_cast<size_t>(paths_); }));
-    std::set<std::string> got(sinks_[r].messages.begin(), sinks_[r].messages.end());
+    ASSERT_TRUE(sinks_[r].waitFor([&](const auto& s) { return s.messages.size() == static_cast<size_t>(paths_); }));
+    auto messages = sinks_[r].now().messages;
+    std::set<std::string> got(messages.begin(), messages.end());
     for (int p = 0; p < paths_; ++p) EXPECT_TRUE(got.count("hello on path " + std::to_string(p)));
   }
 }
@@ -185,18 +186,18 @@ TEST_P(TransportContract, WrongKeyFailsThePathNotTheProcess) {
   rr.key ^= 0x5a5a5a5a;  // wrong key
   transport::WriteRequest w{local, src.data(), src.size(), rr, 0, true, 7, 42};
   t_[0]->postWrite(1, 0, w);
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return !sinks_[0].flushed.empty() || !sinks_[0].errors.empty(); }));
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return !sinks_[0].flushed.empty(); }));
-  EXPECT_EQ(42u, sinks_[0].flushed[0]);
-  EXPECT_TRUE(sinks_[0].completed.empty());
-  EXPECT_TRUE(sinks_[1].arrivals.empty());
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return !s.flushed.empty() || !s.errors.empty(); }));
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return !s.flushed.empty(); }));
+  EXPECT_EQ(42u, sinks_[0].now().flushed[0]);
+  EXPECT_TRUE(sinks_[0].now().completed.empty());
+  EXPECT_TRUE(sinks_[1].now().arrivals.empty());
   for (uint8_t b : dst) ASSERT_EQ(0, b);
   // Later writes on the dead path are flushed too, never lost silently.
   w.remote = toRemote(remote);
   w.wr_id = 43;
   t_[0]->postWrite(1, 0, w);
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].flushed.size() == 2; }));
-  EXPECT_EQ(43u, sinks_[0].flushed[1]);
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.flushed.size() == 2; }));
+  EXPECT_EQ(43u, sinks_[0].now().flushed[1]);
   t_[1]->conceal(remote);
 }
 
@@ -210,15 +211,15 @@ TEST_P(TransportContract, ClosePathFlushesAndOthersSurvive) {
   RemoteRegion rr = toRemote(remote);
   rr.key = t_[1]->expose(remote);
   t_[0]->closePath(1, 0, "test closes path 0");
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].errors.size() == 1; }));
-  EXPECT_NE(std::string::npos, sinks_[0].errors[0].find("test closes path 0"));
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.errors.size() == 1; }));
+  EXPECT_NE(std::string::npos, sinks_[0].now().errors[0].find("test closes path 0"));
   transport::WriteRequest w{local, src.data(), src.size(), rr, 0, true, 1, 7};
   t_[0]->postWrite(1, 0, w);
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].flushed.size() == 1; }));
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.flushed.size() == 1; }));
   w.wr_id = 8;
   t_[0]->postWrite(1, 1, w);
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].completed.size() == 1; }));
-  EXPECT_EQ(8u, sinks_[0].completed[0]);
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.completed.size() == 1; }));
+  EXPECT_EQ(8u, sinks_[0].now().completed[0]);
   EXPECT_EQ(src, dst);
   t_[1]->conceal(remote);
 }
@@ -232,15 +233,15 @@ TEST_P(TransportContract, ReconnectRestoresAFailedPath) {
   RemoteRegion rr = toRemote(remote);
   rr.key = t_[1]->expose(remote);
   t_[0]->closePath(1, 0, "test takes path 0 down");
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].errors.size() == 1; }));
-  size_t ups0 = sinks_[0].ups.size(), ups1 = sinks_[1].ups.size();
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.errors.size() == 1; }));
+  size_t ups0 = sinks_[0].now().ups.size(), ups1 = sinks_[1].now().ups.size();
   ASSERT_TRUE(t_[0]->reconnect(1, 0, after(10)));
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return sinks_[0].ups.size() > ups0; }));
-  ASSERT_TRUE(sinks_[1].waitFor([&] { return sinks_[1].ups.size() > ups1; }));
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.ups.size() > ups0; }));
+  ASSERT_TRUE(sinks_[1].waitFor([&](const auto& s) { return s.ups.size() > ups1; }));
   transport::WriteRequest w{local, src.data(), src.size(), rr, 0, true, 3, 99};
   t_[0]->postWrite(1, 0, w);
-  ASSERT_TRUE(sinks_[0].waitFor([&] { return !sinks_[0].completed.empty(); }));
-  EXPECT_EQ(99u, sinks_[0].completed.back());
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return !s.completed.empty(); }));
+  EXPECT_EQ(99u, sinks_[0].now().completed.back());
   EXPECT_EQ(src, dst);
   t_[1]->conceal(remote);
 }

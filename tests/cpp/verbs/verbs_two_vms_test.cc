@@ -69,7 +69,16 @@ TEST(VerbsTwoVms, ChunkedWriteBetweenTwoRdmaDevices) {
 
   if (rank == 0) {
     std::string endpoints;
-    for (const auto& a : vnics) endpoints += (endpoints.empty() ? "" : ",") + t->listen(a);
+    std::vector<std::string> mine;
+    for (const auto& a : vnics) {
+      mine.push_back(t->listen(a));
+      endpoints += (endpoints.empty() ? "" : ",") + mine.back();
+    }
+    // Rank 1 opens path p from its alias p (what it would publish).
+    std::vector<std::string> peer;
+    for (const auto& a : splitCommas(env("MAESTRO_PEER_VNICS"))) peer.push_back(a + ":1");
+    ASSERT_EQ(peer.size(), 4u);
+    t->expectPeers({mine, peer});
     const Region region = t->registerMemory(buffer.data(), kBytes);
     const uint64_t key = t->expose(region);
     {
@@ -80,18 +89,18 @@ TEST(VerbsTwoVms, ChunkedWriteBetweenTwoRdmaDevices) {
     ASSERT_EQ(std::rename((file + ".tmp").c_str(), file.c_str()), 0);
     // The other VM may boot a good deal later.
     t->awaitAccepted(4, Clock::now() + std::chrono::seconds(240));
-    ASSERT_TRUE(sink.waitFor([&] { return sink.arrivals.size() >= chunks || !sink.errors.empty(); }, 120))
-        << sink.arrivals.size() << " of " << chunks << " chunks arrived";
-    ASSERT_TRUE(sink.errors.empty()) << sink.errors[0];
+    ASSERT_TRUE(sink.waitFor([&](const auto& s) { return s.arrivals.size() >= chunks || !s.errors.empty(); }, 120))
+        << sink.now().arrivals.size() << " of " << chunks << " chunks arrived";
+    ASSERT_TRUE(sink.now().errors.empty()) << sink.now().errors[0];
     std::set<uint32_t> imms;
-    for (const auto& a : sink.arrivals) EXPECT_TRUE(imms.insert(a.first).second) << "immediate " << a.first << " twice";
+    for (const auto& a : sink.now().arrivals) EXPECT_TRUE(imms.insert(a.first).second) << "immediate " << a.first << " twice";
     EXPECT_EQ(imms.size(), chunks);
-    EXPECT_EQ(sink.arrival_paths.size(), 4u);
+    EXPECT_EQ(sink.now().arrival_paths.size(), 4u);
     size_t wrong = 0;
     for (size_t i = 0; i < kBytes; ++i) wrong += buffer[i] != pattern(i);
     EXPECT_EQ(wrong, 0u) << "bytes differ";
     t->postSend(1, 0, "verified", 8);
-    EXPECT_TRUE(sink.waitFor([&] { return !sink.messages.empty(); }, 60)) << "no goodbye from rank 1";
+    EXPECT_TRUE(sink.waitFor([&](const auto& s) { return !s.messages.empty(); }, 60)) << "no goodbye from rank 1";
     t->conceal(region);
   } else {
     std::vector<std::string> endpoints;
@@ -132,16 +141,16 @@ TEST(VerbsTwoVms, ChunkedWriteBetweenTwoRdmaDevices) {
       req.wr_id = c;
       t->postWrite(0, static_cast<int>(c % 4), req);  // beyond the window: the backlog holds the rest
     }
-    ASSERT_TRUE(sink.waitFor([&] { return sink.completed.size() >= chunks || !sink.flushed.empty(); }, 120))
-        << sink.completed.size() << " of " << chunks << " writes completed";
-    ASSERT_TRUE(sink.flushed.empty()) << sink.errors.at(0);
+    ASSERT_TRUE(sink.waitFor([&](const auto& s) { return s.completed.size() >= chunks || !s.flushed.empty(); }, 120))
+        << sink.now().completed.size() << " of " << chunks << " writes completed";
+    ASSERT_TRUE(sink.now().flushed.empty()) << sink.now().errors.at(0);
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("[ info     ] %zu chunks VM to VM over 4 paths: %.1f MB/s\n", chunks, kBytes / secs / 1e6);
-    ASSERT_TRUE(sink.waitFor([&] { return !sink.messages.empty(); }, 60)) << "rank 0 never confirmed";
-    EXPECT_EQ(sink.messages[0], "verified");
+    ASSERT_TRUE(sink.waitFor([&](const auto& s) { return !s.messages.empty(); }, 60)) << "rank 0 never confirmed";
+    EXPECT_EQ(sink.now().messages[0], "verified");
     t->postSend(0, 0, "bye", 3);
     // Rank 0 shuts down once it has the goodbye; its DISCONNECTs end the wait.
-    EXPECT_TRUE(sink.waitFor([&] { return !sink.errors.empty(); }, 60));
+    EXPECT_TRUE(sink.waitFor([&](const auto& s) { return !s.errors.empty(); }, 60));
   }
   t->shutdown();
 }
