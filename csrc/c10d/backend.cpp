@@ -2,6 +2,7 @@
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -258,7 +259,11 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
   const char* master = std::getenv("MASTER_ADDR");
   engine_ = std::make_unique<multipath::Engine>(options, rendezvous, rank, size, deadlineAfter(timeout),
                                                 master ? master : "");
-  cache_ = std::make_unique<multipath::RegistrationCache>(&engine_->transport(), engine_->config().reg_cache_size);
+  rlimit memlock{};
+  if (getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) memlock.rlim_cur = RLIM_INFINITY;
+  cache_ = std::make_unique<multipath::RegistrationCache>(
+      &engine_->transport(), engine_->config().reg_cache_size,
+      regCacheBytes(engine_->config(), static_cast<uint64_t>(memlock.rlim_cur)));
   p2p_ = std::make_unique<collectives::PointToPoint>(*engine_);
   worker_ = std::thread([this] { workerLoop(); });
 }
@@ -343,7 +348,8 @@ std::map<std::string, double> ProcessGroupMaestro::cacheStats() const {
   return {{"entries", static_cast<double>(cache->size())},
           {"hits", static_cast<double>(cache->hits())},
           {"misses", static_cast<double>(cache->misses())},
-          {"evictions", static_cast<double>(cache->evictions())}};
+          {"evictions", static_cast<double>(cache->evictions())},
+          {"bytes", static_cast<double>(cache->bytes())}};
 }
 
 // ---------------------------------------------------------------- plumbing

@@ -1,10 +1,13 @@
 #include "common/config.h"
 
 #include <arpa/inet.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "common/error.h"
@@ -98,6 +101,19 @@ std::string joinDoubles(const std::vector<double>& v) {
   return os.str();
 }
 
+// Knobs whose value is "auto" or a number, with 0 standing for auto in the
+// Config (resolved where the facts are known: chunkSizeFor, scratchSlots,
+// regCacheBytes).
+template <typename T>
+std::string autoOrNumber(T value) {
+  return value == 0 ? std::string("auto") : std::to_string(value);
+}
+
+template <typename T, typename Parse>
+void setAutoOrNumber(T& field, const std::string& text, Parse parse) {
+  field = trim(text) == "auto" ? T{0} : static_cast<T>(parse(text));
+}
+
 std::vector<Knob> buildKnobs() {
   return {
       {"debug", "MAESTRO_DEBUG", "WARN", "log level: NONE, WARN, INFO (knobs, path table, stats), TRACE",
@@ -131,16 +147,14 @@ std::vector<Knob> buildKnobs() {
       {"chunk_size", "MAESTRO_CHUNK_SIZE", "auto",
        "bytes per chunk, the unit spread over paths (K/M suffixes; multiple of 64); auto: 50K on verbs, "
        "256K on tcp",
-       true, [](const Config& c) { return c.chunk_size == 0 ? std::string("auto") : std::to_string(c.chunk_size); },
+       true, [](const Config& c) { return autoOrNumber(c.chunk_size); },
        [](Config& c, const std::string& v) {
-         if (trim(v) == "auto") {
-           c.chunk_size = 0;
-           return;
-         }
-         size_t s = parseSize("MAESTRO_CHUNK_SIZE", v);
-         MAESTRO_CHECK(s >= 4096 && s <= (64u << 20) && s % 64 == 0, "MAESTRO_CHUNK_SIZE=", s,
-                       " must be a multiple of 64 between 4096 and 64M");
-         c.chunk_size = s;
+         setAutoOrNumber(c.chunk_size, v, [](const std::string& v) {
+           size_t s = parseSize("MAESTRO_CHUNK_SIZE", v);
+           MAESTRO_CHECK(s >= 4096 && s <= (64u << 20) && s % 64 == 0, "MAESTRO_CHUNK_SIZE=", s,
+                         " must be a multiple of 64 between 4096 and 64M");
+           return s;
+         });
        }},
       {"policy", "MAESTRO_POLICY", "adaptive",
        "load balancer: round_robin, weighted, adaptive, latency, single", true,
@@ -187,18 +201,27 @@ std::vector<Knob> buildKnobs() {
        "reduce-scatter receive slots per group = credits the writer holds; auto: 4, or 16 in a group of two "
        "ranks, whose credits come back behind the peer's own data",
        true,
-       [](const Config& c) { return c.scratch_slots == 0 ? std::string("auto") : std::to_string(c.scratch_slots); },
+       [](const Config& c) { return autoOrNumber(c.scratch_slots); },
        [](Config& c, const std::string& v) {
-         if (trim(v) == "auto") {
-           c.scratch_slots = 0;
-           return;
-         }
-         c.scratch_slots = static_cast<int>(parseInt("MAESTRO_SCRATCH_SLOTS", v, 2, 256));
+         setAutoOrNumber(c.scratch_slots, v,
+                         [](const std::string& v) { return parseInt("MAESTRO_SCRATCH_SLOTS", v, 2, 256); });
        }},
       {"reg_cache_size", "MAESTRO_REG_CACHE_SIZE", "256", "memory registrations cached per group",
        false, [](const Config& c) { return std::to_string(c.reg_cache_size); },
        [](Config& c, const std::string& v) {
          c.reg_cache_size = static_cast<size_t>(parseInt("MAESTRO_REG_CACHE_SIZE", v, 1, 1 << 20));
+       }},
+      {"reg_cache_bytes", "MAESTRO_REG_CACHE_BYTES", "auto",
+       "bytes the cached registrations of a group may cover while no operation uses them (least recently used "
+       "go first); auto: half of RLIMIT_MEMLOCK where it is finite (verbs pins them), else unbounded",
+       false,
+       [](const Config& c) { return autoOrNumber(c.reg_cache_bytes); },
+       [](Config& c, const std::string& v) {
+         setAutoOrNumber(c.reg_cache_bytes, v, [](const std::string& v) {
+           size_t s = parseSize("MAESTRO_REG_CACHE_BYTES", v);
+           MAESTRO_CHECK(s > 0, "MAESTRO_REG_CACHE_BYTES must be auto or a positive size, got '", v, "'");
+           return s;
+         });
        }},
       {"small_msg", "MAESTRO_SMALL_MSG", "16K",
        "policy=latency: messages up to this many bytes take the lowest-RTT path", true,
@@ -294,6 +317,12 @@ size_t chunkSizeFor(const std::string& transport) { return transport == "verbs" 
 int scratchSlots(const Config& config, int group_size) {
   if (config.scratch_slots > 0) return config.scratch_slots;
   return group_size == 2 ? 16 : 4;
+}
+
+size_t regCacheBytes(const Config& config, uint64_t memlock) {
+  if (config.reg_cache_bytes > 0) return config.reg_cache_bytes;
+  if (memlock == static_cast<uint64_t>(RLIM_INFINITY)) return std::numeric_limits<size_t>::max();
+  return static_cast<size_t>(std::max<uint64_t>(memlock / 2, 1));
 }
 
 const char* policyName(Policy policy) {

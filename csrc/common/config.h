@@ -35,6 +35,7 @@ struct Config {
   size_t segment_size = 1 << 20;        // pipeline unit of the collectives
   int scratch_slots = 0;                // reduce-scatter receive slots (credits); 0 = auto (scratchSlots)
   size_t reg_cache_size = 256;          // registrations kept per group
+  size_t reg_cache_bytes = 0;           // bytes they may cover when idle; 0 = auto (regCacheBytes)
   size_t small_msg = 16 * 1024;         // latency policy: messages up to this size
   bool busy_poll = false;               // spin on the completion queue (verbs) / event loop (tcp)
   double path_timeout = 2.0;            // seconds without progress before a path is declared down
@@ -98,6 +99,15 @@ size_t chunkSizeFor(const std::string& transport);
 // buffers, switch queues), and 4 slots left the lab's 2-rank allreduce at
 // 0.78 of its limit, 16 at 0.90.
 int scratchSlots(const Config& config, int group_size);
+
+// MAESTRO_REG_CACHE_BYTES=auto: how many bytes the registrations a group's
+// cache keeps while no operation uses them may cover. On verbs they are
+// pinned, and pinned memory counts against RLIMIT_MEMLOCK, past which every
+// registration (scratch buffers, the next tensor) fails: auto keeps them under
+// half of that limit when it is finite, and does not bound them otherwise.
+// `memlock` is the limit in bytes (RLIM_INFINITY: none). Registrations in use
+// by a running operation are never dropped, whatever the bound.
+size_t regCacheBytes(const Config& config, uint64_t memlock);
 
 // Helpers shared by the parsers (exposed for tests).
 size_t parseSize(const std::string& knob, const std::string& text);  // "51200", "50K", "1M"

@@ -6,13 +6,17 @@
 // probe for it: an entry whose owner died, or whose owner now has other
 // memory, is deregistered and never returned -- the cache never hands out a
 // registration of freed memory. Dead entries are dropped on every acquire,
-// so freed memory does not stay registered until the cache fills. Entries in use by a running operation are
-// pinned and never evicted; the rest are bounded by `capacity`, least
-// recently used first.
+// so freed memory does not stay registered until the cache fills. Entries in
+// use by a running operation are pinned and never evicted; the rest are
+// bounded by `capacity` entries and `max_bytes` bytes (on verbs registered
+// memory is pinned), least recently used first. A registration that fails
+// (verbs: RLIMIT_MEMLOCK reached) is tried once more after every idle entry
+// is dropped.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -26,7 +30,8 @@ class RegistrationCache {
  public:
   using Alive = std::function<bool()>;  // false once the owner's memory is gone
 
-  RegistrationCache(transport::Transport* transport, size_t capacity);
+  RegistrationCache(transport::Transport* transport, size_t capacity,
+                    size_t max_bytes = std::numeric_limits<size_t>::max());
   ~RegistrationCache();
   RegistrationCache(const RegistrationCache&) = delete;
   RegistrationCache& operator=(const RegistrationCache&) = delete;
@@ -38,6 +43,7 @@ class RegistrationCache {
   void sweep();
 
   size_t size() const;
+  size_t bytes() const;  // covered by the entries, in use or not
   uint64_t hits() const { return hits_; }
   uint64_t misses() const { return misses_; }
   uint64_t evictions() const { return evictions_; }
@@ -52,11 +58,13 @@ class RegistrationCache {
     std::list<const void*>::iterator lru;
   };
   void evict(std::unordered_map<const void*, Entry>::iterator it);  // mu_ held
-  void dropDead();                                                   // mu_ held
-  void trim();                                                       // mu_ held
+  size_t evictIdle(bool only_dead);  // mu_ held; entries no operation uses (only_dead: whose owner died)
+  void trim(size_t room = 0);  // mu_ held; evict idle entries until `room` more bytes fit
 
   transport::Transport* const transport_;
   const size_t capacity_;
+  const size_t max_bytes_;
+  size_t bytes_ = 0;
   mutable std::mutex mu_;
   std::unordered_map<const void*, Entry> entries_;
   std::list<const void*> lru_;  // front = most recently used

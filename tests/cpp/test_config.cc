@@ -2,7 +2,10 @@
 
 #include <fstream>
 
+#include <sys/resource.h>
+
 #include <cstdlib>
+#include <limits>
 
 #include "common/config.h"
 #include "common/net.h"
@@ -54,6 +57,18 @@ TEST(Config, ScratchSlotsAutoDependsOnTheGroupSize) {
   EXPECT_EQ(4, scratchSlots(Config::resolve(), 4));
   EXPECT_EQ(16, scratchSlots(Config::resolve(), 2));
   EXPECT_EQ(6, scratchSlots(Config::resolve({{"scratch_slots", "6"}}), 2));
+}
+
+// MAESTRO_REG_CACHE_BYTES=auto: half of a finite RLIMIT_MEMLOCK (verbs pins
+// what the cache keeps), unbounded without a limit; an explicit size wins.
+TEST(Config, RegCacheBytesAutoFollowsTheMemlockLimit) {
+  const uint64_t unlimited = static_cast<uint64_t>(RLIM_INFINITY);
+  EXPECT_EQ(0u, Config::resolve().reg_cache_bytes);  // auto
+  EXPECT_EQ(32u << 20, regCacheBytes(Config::resolve(), 64u << 20));
+  EXPECT_EQ(std::numeric_limits<size_t>::max(), regCacheBytes(Config::resolve(), unlimited));
+  EXPECT_EQ(1u << 20, regCacheBytes(Config::resolve({{"reg_cache_bytes", "1M"}}), 64u << 20));
+  EXPECT_EQ(1u << 20, regCacheBytes(Config::resolve({{"reg_cache_bytes", "1M"}}), unlimited));
+  EXPECT_NE(std::string::npos, errorOf({{"reg_cache_bytes", "0"}}).find("MAESTRO_REG_CACHE_BYTES"));
 }
 
 TEST(Config, EnvironmentThenOptions) {

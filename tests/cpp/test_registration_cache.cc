@@ -97,6 +97,41 @@ TEST_F(Cache, BoundedLeastRecentlyUsedButPinnedEntriesStay) {
   (void)again;
 }
 
+// What the idle registrations cover is bounded in bytes (on verbs they are
+// pinned): the least recently used go first, before the new one is made.
+TEST_F(Cache, IdleRegistrationsAreBoundedInBytes) {
+  RegistrationCache c(t_.get(), 256, 250);
+  std::vector<char> buf(300);
+  int owners[3];
+  for (int& o : owners) {
+    c.acquire(&o, buf.data(), 100, [] { return true; });
+    c.unpin(&o);
+    EXPECT_LE(c.bytes(), 250u);
+  }
+  EXPECT_EQ(2u, c.size());
+  EXPECT_EQ(200u, c.bytes());
+  c.acquire(&owners[0], buf.data(), 100, [] { return true; });  // the oldest went
+  c.unpin(&owners[0]);
+  EXPECT_EQ(0u, c.hits());
+  c.acquire(&owners[2], buf.data(), 100, [] { return true; });  // the newest stayed
+  c.unpin(&owners[2]);
+  EXPECT_EQ(1u, c.hits());
+}
+
+// A running operation's registrations stay whatever the bound; once they
+// are idle the cache comes back under it.
+TEST_F(Cache, RegistrationsInUseMayPassTheByteBoundUntilUnpinned) {
+  RegistrationCache c(t_.get(), 256, 150);
+  std::vector<char> buf(300);
+  int owners[3];
+  for (int& o : owners) c.acquire(&o, buf.data(), 100, [] { return true; });
+  EXPECT_EQ(3u, c.size());
+  EXPECT_EQ(300u, c.bytes());
+  for (int& o : owners) c.unpin(&o);
+  EXPECT_EQ(1u, c.size());
+  EXPECT_EQ(100u, c.bytes());
+}
+
 }  // namespace
 }  // namespace multipath
 }  // namespace maestro

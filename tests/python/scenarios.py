@@ -276,6 +276,24 @@ def temporaries_are_not_registered(rank, world):
     return {"ok": ok, "misses": after["misses"] - before["misses"], "entries": after["entries"]}
 
 
+def registrations_bounded_in_bytes(rank, world):
+    """MAESTRO_REG_CACHE_BYTES through Options: eight 256 KiB tensors, each
+    reduced once, under a 1 MiB bound; then the first again."""
+    import maestro_torch
+
+    _init(pg_options=maestro_torch.Options(reg_cache_bytes="1M"))
+    backend = maestro_torch.backend_of()
+    ts = [torch.ones(64 * 1024) for _ in range(8)]
+    sizes = []
+    for t in ts:
+        dist.all_reduce(t)
+        sizes.append(backend.registration_cache_stats()["bytes"])
+    dist.all_reduce(ts[0])  # evicted: registered again, and exact
+    stats = backend.registration_cache_stats()
+    ok = bool(torch.all(ts[0] == world * world)) and all(bool(torch.all(t == world)) for t in ts[1:])
+    return {"ok": ok, "bytes_after_each": sizes, "stats": stats}
+
+
 def options_and_subgroups(rank, world):
     import maestro_torch
 

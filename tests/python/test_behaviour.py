@@ -233,6 +233,13 @@ def test_temporaries_are_staged_not_registered_on_every_call():
         assert v["misses"] <= 2, f"rank {rank}: {v['misses']} registrations for 80 operations"
 
 
+def test_idle_registrations_stay_under_the_byte_bound():
+    for rank, v in enumerate(ok_values(run_ranks(2, scenarios.registrations_bounded_in_bytes, timeout=120))):
+        assert v["ok"], f"rank {rank}: wrong results"
+        assert max(v["bytes_after_each"]) <= 1 << 20, f"rank {rank}: {v}"
+        assert v["stats"]["evictions"] >= 4 and v["stats"]["hits"] == 0, f"rank {rank}: {v}"
+
+
 def test_monitored_barrier_names_the_ranks_that_did_not_come():
     values = ok_values(run_ranks(4, scenarios.monitored_barrier, timeout=180))
     for rank, v in enumerate(values):
