@@ -306,6 +306,10 @@ int startProbe(const SockAddr& local, const SockAddr& remote, int ttl) {
   if (::connect(fd, remote.get(), remote.length) != 0 && errno != EINPROGRESS) {
     int err = errno;
     ::close(fd);
+    // The 5-tuple is a connection already: the peer's own probe of it (the
+    // other direction, sent at the same moment) reached our listener, so no
+    // router lies between to expire it.
+    if (err == EADDRNOTAVAIL) return -1;
     fail("probe ", local.str(), " -> ", remote.str(), ": ", errnoText(err));
   }
   return fd;
@@ -328,7 +332,7 @@ std::vector<std::string> probeHops(const std::vector<std::pair<SockAddr, SockAdd
   for (size_t i = 0; i < probes.size(); ++i) {
     try {
       fds[i] = startProbe(probes[i].first, probes[i].second, ttl);
-      ++open;
+      (fds[i] >= 0 ? open : reached) += 1;
     } catch (const Error& e) {
       *why = e.what();
     }

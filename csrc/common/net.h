@@ -46,7 +46,9 @@ int bindReusable(const SockAddr& addr, const char* purpose = "bind");
 int bindTo(const SockAddr& addr, const char* purpose = "bind", bool share_port = false);
 // A TTL-limited SYN from `local` (bound with reuse) to `remote`, non-blocking
 // and with IP_RECVERR on: the router where the TTL runs out answers with an
-// ICMP time-exceeded that readIcmpOffender() returns. Returns the fd.
+// ICMP time-exceeded that readIcmpOffender() returns. Returns the fd, or -1
+// when the 5-tuple is already a connection (the peer's probe of the other
+// direction reached this host: no router between).
 int startProbe(const SockAddr& local, const SockAddr& remote, int ttl);
 // Close without TIME_WAIT (an RST): the port can be reused at once.
 void closeWithReset(int fd);

@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "common/error.h"
 #include "common/net.h"
@@ -39,6 +42,26 @@ TEST(Listener, PortIsNotSharedUnlessAsked) {
   EXPECT_GE(probe, 0);
   ::close(probe);
   ::close(shared);
+}
+
+// Both ends probe a candidate at once, each in its direction. Where no
+// router lies between (two ranks on one leaf), one end's SYN reaches the
+// other's listener and becomes a connection, so the other end's probe of the
+// same 5-tuple cannot start. That is an answer ("no router between"), not a
+// probe lost to a router's ICMP rate limit.
+TEST(RouteProbe, APeersProbeThatReachedUsCountsAsReached) {
+  int listener = net::listenOn("127.0.0.1", 0, 16, true);
+  net::SockAddr at = net::localAddress(listener);
+  int peer = net::bindReusable(net::parseAddress("127.0.0.2", 0));
+  net::SockAddr from = net::localAddress(peer);
+  ASSERT_EQ(0, ::connect(peer, at.get(), at.length));  // the peer's probe, arrived
+  EXPECT_EQ(-1, net::startProbe(at, from, 1));
+  std::string why;
+  auto hops = net::probeHops({{at, from}}, 1, Clock::now() + std::chrono::seconds(2), &why);
+  EXPECT_EQ(std::vector<std::string>{""}, hops);
+  EXPECT_EQ("", why) << "a probe that met the peer's own was taken for a lost one";
+  ::close(peer);
+  ::close(listener);
 }
 
 TEST(Descriptors, SoftLimitIsRaisedTowardsTheHardOne) {
