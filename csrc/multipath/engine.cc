@@ -77,14 +77,21 @@ Engine::~Engine() {
   if (reconnector_.joinable()) reconnector_.join();
   if (logLevel() >= LogLevel::kInfo && mesh_.transport) MAESTRO_INFO("path statistics at shutdown:\n", pathTable());
   // Say goodbye on every path (each is ordered, so the goodbye arrives before
-  // that path's close) so the peers do not mistake it for a crash.
+  // that path's close) so the peers do not mistake it for a crash. On the
+  // transport's id of each path: where discovery chose among candidates
+  // that is the chosen candidate's, not the path's index.
   ControlHeader bye{};
   bye.type = static_cast<uint8_t>(ControlType::kBye);
   for (int peer = 0; peer < size_ && mesh_.transport; ++peer) {
     if (peer == rank_) continue;
-    for (int path = 0; path < mesh_.paths; ++path) {
+    std::vector<int> ids;
+    {
+      std::lock_guard<std::mutex> lock(peers_[peer]->mu);
+      for (const PathSlot& slot : peers_[peer]->paths) ids.push_back(slot.id);
+    }
+    for (int id : ids) {
       try {
-        mesh_.transport->postSend(peer, path, &bye, sizeof bye);
+        mesh_.transport->postSend(peer, id, &bye, sizeof bye);
       } catch (const Error&) {
       }
     }

@@ -24,6 +24,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the lab needs root (n
 def result_of(results):
     for r in results:
         assert r.returncode == 0, f"rank {r.rank} failed:\n{r.stderr[-4000:]}"
+    # Every rank destroyed its groups, so each said goodbye on every path
+    # before closing it: no rank may take another's exit for a crash.
+    for r in results:
+        assert "did the process exit or crash" not in r.stderr, f"rank {r.rank}:\n{r.stderr[-4000:]}"
     lines = [l for l in results[0].stdout.splitlines() if l.startswith("RESULT ")]
     assert lines, results[0].stdout[-2000:]
     return json.loads(lines[0][len("RESULT "):])
@@ -36,6 +40,15 @@ def lab(name, **kw):
 def bytes_up(before, after, leaf):
     """Bytes each spine received from `leaf` between two link_bytes() calls."""
     return [after[(leaf, s)][0] - before[(leaf, s)][0] for s in range(4)]
+
+
+def paths_to_the_right(res):
+    """Each core-crossing rank's paths to its ring neighbour: what a failed
+    spine-coverage assertion needs to say whether discovery chose two paths on
+    one spine or a path moved later (reconnect, hunt)."""
+    return {rank: [{k: p[k] for k in ("path", "route", "bytes_sent", "reconnects", "hunts")}
+                   for p in res["ranks"][rank][-1]["paths"] if p["peer"] == (rank + 1) % 4]
+            for rank in (1, 3)}
 
 
 def test_pinned_paths_use_every_spine():
@@ -135,7 +148,8 @@ def test_ecmp_discovery_picks_disjoint_spines():
     assert all(it["ok"] for rank in res["ranks"] for it in rank)
     for leaf in (0, 1):
         up = bytes_up(before, after, leaf)
-        assert min(up) > 0.1 * sum(up), f"bytes L{leaf}->spine per spine on discovered paths: {up}"
+        assert min(up) > 0.1 * sum(up), \
+            f"bytes L{leaf}->spine per spine on discovered paths: {up}; paths: {paths_to_the_right(res)}"
 
 
 def test_ecmp_defaults_find_disjoint_spines_by_themselves():
@@ -153,7 +167,8 @@ def test_ecmp_defaults_find_disjoint_spines_by_themselves():
         assert all(hops) and len(set(hops)) == 4, f"rank {rank}: paths to the right via {hops}"
     for leaf in (0, 1):
         up = bytes_up(before, after, leaf)
-        assert min(up) > 0.1 * sum(up), f"bytes L{leaf}->spine per spine with default settings: {up}"
+        assert min(up) > 0.1 * sum(up), \
+            f"bytes L{leaf}->spine per spine with default settings: {up}; paths: {paths_to_the_right(res)}"
 
 
 def test_adaptive_moves_chunks_off_loaded_spines():
