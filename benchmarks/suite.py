@@ -4,7 +4,7 @@ one run. Every experiment writes one JSON file; benchmarks/report.py turns
 them into docs/results.md (tables, PNG plots, the command and the machine
 under each). Needs root (network namespaces).
 
-    scripts/bench.sh                      # everything (full mode: 45 min on 2 cores before the peers; longer now)
+    scripts/bench.sh                      # everything (full mode: 92 min on 2 cores)
     scripts/bench.sh --quick              # every experiment, small: CI's smoke test (8-16 min on a shared 2-core machine)
     python benchmarks/suite.py --only p2p_paths,latency --out /tmp/results
 

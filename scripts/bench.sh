@@ -4,7 +4,7 @@
 # the namespace leaf-spine lab (needs root), then benchmarks/report.py, which
 # turns the JSON into docs/results.md, docs/results/*.png, the headline
 # table in README.md and the tables of docs/performance.md.
-#   scripts/bench.sh                 # full mode (45 min on 2 cores before the gloo-4dev and single peers; longer now)
+#   scripts/bench.sh                 # full mode (92 min on 2 cores)
 #   scripts/bench.sh --quick         # every experiment, small (8-16 min on a shared 2-core machine)
 #   scripts/bench.sh --only latency,discovery --out /tmp/r   # a subset, elsewhere
 # A full run without --out records its JSON in docs/results/data and updates
