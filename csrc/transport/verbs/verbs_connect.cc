@@ -10,7 +10,9 @@
 // with back-off until the caller's deadline.
 //
 // Passive side: CONNECT_REQUEST -> check the hello (secret, rank, path)
-// before anything is allocated -> create the QP, pre-post receives,
+// before anything is allocated -> check that it comes from the address its
+// rank published for that path (a request that arrives before expectPeers()
+// waits for it, unanswered) -> create the QP, pre-post receives,
 // rdma_accept (or rdma_reject with a reason) -> ESTABLISHED counts one
 // accepted path.
 #include <arpa/inet.h>
@@ -22,8 +24,9 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "transport/verbs/cm_wire.h"
+#include "common/net.h"
 #include "common/thread.h"
+#include "transport/verbs/cm_wire.h"
 #include "transport/verbs/verbs_transport_impl.h"
 
 namespace maestro {
@@ -229,6 +232,17 @@ void VerbsTransport::cmLoop() {
     if (fds[1].revents != 0) {
       uint64_t value;
       (void)!read(cm_wake_fd_, &value, sizeof(value));
+      // expectPeers() woke us: decide the requests that waited for it.
+      std::vector<rdma_cm_id*> rejected;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (peers_known_ && !stopping_) {
+          std::vector<Parked> parked;
+          parked.swap(parked_);
+          for (const Parked& p : parked) admit(p.id, p.hello, &rejected);
+        }
+      }
+      for (rdma_cm_id* id : rejected) rdma_destroy_id(id);
     }
     rdma_cm_event* event = nullptr;
     while (!stopping_ && rdma_get_cm_event(cm_channel_, &event) == 0) {
@@ -338,7 +352,6 @@ void VerbsTransport::handleCmEvent(rdma_cm_event* event, std::vector<Conn*>* dis
 
 void VerbsTransport::onConnectRequest(rdma_cm_event* event, std::vector<rdma_cm_id*>* reject_ids) {
   rdma_cm_id* id = event->id;
-  const std::string from = sockaddrToString(rdma_get_peer_addr(id));
   Hello hello;
   std::string reason;
   // Everything about the request is checked before anything is allocated.
@@ -352,32 +365,74 @@ void VerbsTransport::onConnectRequest(rdma_cm_event* event, std::vector<rdma_cm_
   } else if (hello.path < 0 || hello.path >= kMaxPathIndex) {
     reason = strcat("path index ", hello.path, " out of range");
   }
-  if (reason.empty()) {
-    conns_.push_back(std::make_unique<Conn>());
-    Conn* conn = conns_.back().get();
-    conn->passive = true;
-    conn->peer = hello.rank;
-    conn->index = hello.path;
-    try {
-      Device* device = deviceFor(id->verbs);
-      conn->path = newPath(hello.rank, hello.path, device);
-      conn->path->createQp(id);  // receives are posted before the peer can send
-      setAckTimeout(id);
-      rdma_conn_param param = connParam();
-      MAESTRO_CHECK(rdma_accept(id, &param) == 0, errnoText("rdma_accept"));
-      conn->id = id;
-      id->context = conn;
-      return;
-    } catch (const std::exception& e) {
-      reason = strcat("cannot accept: ", e.what());
-      conn->state = ConnState::kFailed;
-      if (conn->path) {
-        std::vector<uint64_t> none;
-        conn->path->fail(&none);  // so stray flush completions are dropped
-        conn->path->release();
-      }
-    }
+  if (!reason.empty()) {
+    reject(id, reason, reject_ids);
+  } else if (!peers_known_) {
+    // The secret is right, but where this rank's paths come from is not
+    // known yet: the request waits (its connect waits for our answer).
+    parked_.push_back({id, hello});
+  } else {
+    admit(id, hello, reject_ids);
   }
+}
+
+void VerbsTransport::expectPeers(const std::vector<std::vector<std::string>>& endpoints) {
+  MAESTRO_CHECK(endpoints.size() == static_cast<size_t>(options_.world_size), "verbs: expectPeers: ",
+                endpoints.size(), " ranks' endpoints for a world of ", options_.world_size);
+  std::vector<std::vector<std::string>> addresses(endpoints.size());
+  for (size_t r = 0; r < endpoints.size(); ++r)
+    for (const auto& e : endpoints[r]) addresses[r].push_back(net::parseEndpoint(e).ip());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_addresses_ = std::move(addresses);
+    peers_known_ = true;
+  }
+  // The cm thread decides the parked requests, like every other request.
+  const uint64_t one = 1;
+  (void)!write(cm_wake_fd_, &one, sizeof(one));
+}
+
+void VerbsTransport::admit(rdma_cm_id* id, const Hello& hello, std::vector<rdma_cm_id*>* reject_ids) {
+  // Only from the address the rank published for this path (a replacement
+  // after a failure comes from there too): a process that learned the
+  // secret cannot take a path over from elsewhere.
+  const std::string from_ip = sockaddrIp(rdma_get_peer_addr(id));
+  const auto& published = peer_addresses_[hello.rank];
+  if (published.empty() || published[hello.path % published.size()] != from_ip) {
+    reject(id,
+           strcat("it claims rank ", hello.rank, " path ", hello.path, ", which that rank opens from ",
+                  published.empty() ? std::string("no published address")
+                                    : published[hello.path % published.size()]),
+           reject_ids);
+    return;
+  }
+  conns_.push_back(std::make_unique<Conn>());
+  Conn* conn = conns_.back().get();
+  conn->passive = true;
+  conn->peer = hello.rank;
+  conn->index = hello.path;
+  try {
+    Device* device = deviceFor(id->verbs);
+    conn->path = newPath(hello.rank, hello.path, device);
+    conn->path->createQp(id);  // receives are posted before the peer can send
+    setAckTimeout(id);
+    rdma_conn_param param = connParam();
+    MAESTRO_CHECK(rdma_accept(id, &param) == 0, errnoText("rdma_accept"));
+    conn->id = id;
+    id->context = conn;
+  } catch (const std::exception& e) {
+    conn->state = ConnState::kFailed;
+    if (conn->path) {
+      std::vector<uint64_t> none;
+      conn->path->fail(&none);  // so stray flush completions are dropped
+      conn->path->release();
+    }
+    reject(id, strcat("cannot accept: ", e.what()), reject_ids);
+  }
+}
+
+void VerbsTransport::reject(rdma_cm_id* id, const std::string& reason, std::vector<rdma_cm_id*>* reject_ids) {
+  const std::string from = sockaddrToString(rdma_get_peer_addr(id));
   const std::string message = encodeReject(reason);
   rdma_reject(id, message.data(), static_cast<uint8_t>(message.size()));
   reject_ids->push_back(id);

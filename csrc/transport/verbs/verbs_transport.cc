@@ -217,12 +217,15 @@ void VerbsTransport::shutdown() {
   // CQ/PD last (the PD cannot go while an MR or QP still uses it).
   std::vector<std::unique_ptr<Conn>> conns;
   std::vector<rdma_cm_id*> listeners;
+  std::vector<Parked> parked;
   {
     std::lock_guard<std::mutex> lock(mu_);
     live_.clear();
     conns.swap(conns_);
     listeners.swap(listeners_);
+    parked.swap(parked_);
   }
+  for (const Parked& p : parked) rdma_destroy_id(p.id);  // never answered: the peer's connect times out
   for (auto& conn : conns) {
     if (conn->path) conn->path->release();
     if (conn->id != nullptr) rdma_destroy_id(conn->id);  // sends a DREQ if still connected

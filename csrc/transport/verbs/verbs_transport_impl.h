@@ -72,6 +72,10 @@ class VerbsTransport final : public Transport {
   std::string listen(const std::string& local_addr) override;
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
   void awaitAccepted(size_t count, Deadline deadline) override;
+  // From now on a connection request is accepted only from the address its
+  // rank published for that path; requests that came earlier (with the
+  // right secret) waited for this and are decided now.
+  void expectPeers(const std::vector<std::vector<std::string>>& endpoints) override;
   std::string describePath(int peer, int path) const override;
   std::string nicPort(int peer, int path) const override;
   // Same local vNIC, same endpoint, same hello as the connect() that first
@@ -124,6 +128,10 @@ class VerbsTransport final : public Transport {
   void cmLoop();
   void handleCmEvent(rdma_cm_event* event, std::vector<Conn*>* discard);
   void onConnectRequest(rdma_cm_event* event, std::vector<rdma_cm_id*>* reject_ids);
+  // Accepts a request whose hello passed, or rejects it (wrong address, no
+  // resources). Requires mu_ and peers_known_.
+  void admit(rdma_cm_id* id, const Hello& hello, std::vector<rdma_cm_id*>* reject_ids);
+  void reject(rdma_cm_id* id, const std::string& reason, std::vector<rdma_cm_id*>* reject_ids);
   void onEstablished(Conn* conn);
   void failAttempt(Conn* conn, bool retryable, const std::string& error, std::vector<Conn*>* discard);
   std::string describeConn(const Conn& conn) const;
@@ -168,6 +176,15 @@ class VerbsTransport final : public Transport {
   std::map<std::pair<int, int>, Initiated> initiated_;
   size_t accepted_ = 0;
   std::vector<std::string> rejections_;  // recent reasons, for awaitAccepted()'s message
+  // Where each rank's paths come from (expectPeers); until then requests
+  // with the right secret wait, undecided, in parked_.
+  std::vector<std::vector<std::string>> peer_addresses_;
+  bool peers_known_ = false;
+  struct Parked {
+    rdma_cm_id* id;
+    Hello hello;
+  };
+  std::vector<Parked> parked_;
 
   std::mutex regions_mu_;
   std::map<uint32_t, ibv_mr*> regions_;

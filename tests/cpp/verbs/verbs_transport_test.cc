@@ -177,15 +177,25 @@ class VerbsPairTest : public ::testing::Test {
     t0_ = makeVerbsTransport(optionsFor(0, &s0_, 0x42, busyPoll()));
     t1_ = makeVerbsTransport(optionsFor(1, &s1_, 0x42, busyPoll()));
     for (int i = 0; i < kPaths; ++i) endpoints_.push_back(t0_->listen(vnics_[i]));
-    for (int i = 0; i < kPaths; ++i) {
-      PathSpec spec;
-      spec.peer = 0;
-      spec.path = i;
-      spec.local_addr = vnics_[i];
-      spec.remote_endpoint = endpoints_[(i + 1) % kPaths];
-      t1_->connect(spec, helloFrom(1, i), in(seconds(20)));
-    }
+    t0_->expectPeers({endpoints_, rank1Endpoints()});
+    for (int i = 0; i < kPaths; ++i) t1_->connect(specFor(i), helloFrom(1, i), in(seconds(20)));
     t0_->awaitAccepted(kPaths, in(seconds(20)));
+  }
+
+  // Rank 1 opens path i from vnics_[i] (what it would publish).
+  std::vector<std::string> rank1Endpoints() const {
+    std::vector<std::string> v;
+    for (const auto& a : vnics_) v.push_back(a + ":1");
+    return v;
+  }
+  // Path i of rank 1: from vnics_[i] to a listener of rank 0 on another alias.
+  PathSpec specFor(int i) const {
+    PathSpec spec;
+    spec.peer = 0;
+    spec.path = i;
+    spec.local_addr = vnics_[i];
+    spec.remote_endpoint = endpoints_[(i + 1) % kPaths];
+    return spec;
   }
 
   void TearDown() override {
@@ -801,6 +811,52 @@ TEST_F(VerbsPairTest, HelloWithWrongSecretOrRankIsRejected) {
     EXPECT_NE(std::string(e.what()).find("wrong secret"), std::string::npos) << e.what();
   }
   intruder->shutdown();
+}
+
+// The secret is not enough: a path is accepted only from the address its
+// rank published for it, so a process that learned the secret cannot open
+// (or take over) rank 1's path 0 from another address.
+TEST_F(VerbsPairTest, HelloFromAnAddressItsRankDidNotPublishIsRejected) {
+  RecordingSink sink;
+  auto intruder = makeVerbsTransport(optionsFor(1, &sink));
+  PathSpec spec = specFor(0);
+  spec.local_addr = vnics_[2];  // rank 1 opens path 0 from vnics_[0]
+  const auto start = Clock::now();
+  try {
+    intruder->connect(spec, helloFrom(1, 0), in(seconds(10)));
+    FAIL() << "path 0 of rank 1 was accepted from " << vnics_[2];
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("opens from " + vnics_[0]), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, seconds(5)) << "a rejection must not wait for the deadline";
+  intruder->shutdown();
+  // The real path 0 was not replaced: it still carries messages.
+  t1_->postSend(0, 0, "still here", 10);
+  EXPECT_TRUE(s0_.waitFor(
+      [&] {
+        for (const auto& m : s0_.messages_)
+          if (std::string(m.bytes.begin(), m.bytes.end()) == "still here") return true;
+        return false;
+      },
+      seconds(10)));
+}
+
+// A request that arrives before the listener knows where its peers' paths
+// come from (the peer read the endpoints first) waits, then is accepted.
+TEST_F(VerbsPairTest, ARequestBeforeExpectPeersWaitsForIt) {
+  RecordingSink sa, sb;
+  auto a = makeVerbsTransport(optionsFor(0, &sa));
+  auto b = makeVerbsTransport(optionsFor(1, &sb));
+  const std::string endpoint = a->listen(vnics_[1]);
+  PathSpec spec = specFor(0);
+  spec.remote_endpoint = endpoint;
+  std::thread opener([&] { b->connect(spec, helloFrom(1, 0), in(seconds(20))); });
+  EXPECT_THROW(a->awaitAccepted(1, in(seconds(1))), Error) << "accepted before expectPeers";
+  a->expectPeers({{endpoint}, rank1Endpoints()});
+  EXPECT_NO_THROW(a->awaitAccepted(1, in(seconds(10))));
+  opener.join();
+  b->shutdown();
+  a->shutdown();
 }
 
 TEST_F(VerbsPairTest, ConnectToNobodyEndsAtTheDeadline) {
