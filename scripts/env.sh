@@ -53,7 +53,7 @@ done
 # headers are installed but it was built without the verbs transport.
 SO=$(ls "$ROOT"/maestro_torch/_C*.so 2>/dev/null | head -1 || true)
 stale=0
-if [ -z "$SO" ] || [ -n "$(find "$ROOT/csrc" "$ROOT/CMakeLists.txt" "$ROOT/setup.py" -newer "$SO" -print -quit)" ]; then
+if [ -z "$SO" ] || [ -n "$(find "$ROOT/csrc" "$ROOT/CMakeLists.txt" "$ROOT/setup.py" "$ROOT/scripts/extension_build.py" -newer "$SO" -print -quit)" ]; then
   stale=1
 elif ! why=$("$PY" -c 'import maestro_torch' 2>&1); then
   # maestro_torch refuses to load an extension built against another torch.

@@ -3,7 +3,9 @@
 # .venv, builds the extension and the C++ tests, then runs
 #   1. the C++ unit tests (CTest / GoogleTest: ranks as threads, real sockets),
 #      then again under ASan+UBSan and under TSan; the fuzzers for 30 s each,
-#   2. the Python tests: real rank processes; the lab tests (network
+#   2. the collectives, point-to-point and behaviour tests with the extension
+#      built under ASan+UBSan,
+#   3. the Python tests: real rank processes; the lab tests (network
 #      namespaces) and the verbs tests (a Soft-RoCE VM, scripts/softroce/)
 #      need root -- they say so and skip without it.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k allreduce).
@@ -61,6 +63,28 @@ elif [ "${MAESTRO_REQUIRE_ALL_SUITES:-0}" = 1 ]; then
 else
   echo "== fuzzing SKIPPED: clang is not installed (apt-get install clang)"
 fi
+
+# The extension itself under ASan+UBSan: real rank processes run the
+# collectives matrix, point to point and the behaviour tests (faults,
+# timeouts, aborts, shutdown) with a sanitizer build of maestro_torch._C first
+# on PYTHONPATH (scripts/extension_build.py). python and torch are not built
+# with ASan, so its runtime is preloaded, with libstdc++ after it (without
+# that, ASan cannot find the real __cxa_throw and every C++ exception
+# aborts); python -P keeps the checkout's own maestro_torch off sys.path.
+# Leak checking is off: the interpreter's and torch's allocations at exit are
+# not ours to judge (the C++ tests above check maestro's leaks). Any report
+# aborts the rank, which fails its test. tests/python/asan_check.py first
+# proves, in rank processes, that the sanitized build is the one loaded and
+# that both runtimes are live.
+echo "== Python tests with the extension under -fsanitize=address,undefined"
+SAN_EXT=$ROOT/build/sanitize-ext
+"$PY" scripts/extension_build.py --sanitize address,undefined --out "$SAN_EXT" >"$SAN_EXT.log" 2>&1 ||
+  { tail -40 "$SAN_EXT.log" >&2; echo "error: the sanitizer build of the extension failed ($SAN_EXT.log)" >&2; exit 1; }
+LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so.6)" \
+  PYTHONPATH="$SAN_EXT/pkg" MAESTRO_EXPECT_EXTENSION="$SAN_EXT/pkg" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  "$PY" -P -m pytest -q -p no:cacheprovider tests/python/asan_check.py tests/python/test_collectives.py \
+  tests/python/test_p2p.py tests/python/test_behaviour.py
 
 echo "== Python tests"
 "$PY" -m pytest -q -rs tests/python "$@"
