@@ -18,7 +18,8 @@ do); a killed rank's survivors go on without it.
     sudo .venv/bin/python benchmarks/soak.py --ops 10000 [--kill-after S] [--seed 1] [--out FILE]
 
 prints one summary (operations, faults by kind, wrong results, hangs,
-errors and their worst latency, RSS and descriptors first/last) and writes it
+errors and their worst latency, RSS and descriptors over the run and their
+growth after the warm-up) and writes it
 as JSON to --out (default docs/results/soak.json; not in results/data, which
 holds the evaluation suite's experiments).
 """
@@ -106,7 +107,7 @@ def worker(args) -> int:
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
                           timeout=datetime.timedelta(seconds=600), wait_for_workers=True)
     stats = {"rank": rank, "ok": 0, "wrong": [], "errors": 0, "error_latency": [], "skipped": 0,
-             "generations": 1, "rss": [], "fds": [], "destroy_s": [], "dropped": 0}
+             "generations": 1, "samples": [], "destroy_s": [], "dropped": 0}
     alive = list(range(world))  # original ranks still in the job
     gen, i = 0, 0
     print("SOAK-READY", flush=True)
@@ -179,10 +180,34 @@ def worker(args) -> int:
 
 
 def _sample(stats, i):
+    """Every 250 operations: [operation index, RSS MB, open descriptors]."""
     if i % 250 == 0:
         rss, fds = _rss_and_fds()
-        stats["rss"].append(rss)
-        stats["fds"].append(fds)
+        stats["samples"].append([i, round(rss / 2**20, 1), fds])
+
+
+def growth_after_warmup(samples: list) -> dict:
+    """How a rank's RSS and descriptors moved once warm: the first quarter of
+    the run fills the allocator's pools, the scratch buffers and the
+    registration cache up to the largest sizes drawn; a leak keeps growing
+    after it. Returns the first sample, the one at the end of the first
+    quarter, the last, and the least-squares slope over the last three
+    quarters (MB and descriptors per 1,000 operations)."""
+    if len(samples) < 4:
+        return {}
+    last_op = samples[-1][0]
+    warm = [x for x in samples if x[0] >= last_op / 4]
+    ops = [x[0] / 1000 for x in warm]
+    mean = sum(ops) / len(ops)
+    var = sum((o - mean) ** 2 for o in ops)
+
+    def slope(col):
+        ys = [x[col] for x in warm]
+        ybar = sum(ys) / len(ys)
+        return round(sum((o - mean) * (y - ybar) for o, y in zip(ops, ys)) / var, 2) if var else 0.0
+
+    return {"first": samples[0], "warm": warm[0], "last": samples[-1],
+            "rss_mb_per_kop": slope(1), "fds_per_kop": slope(2)}
 
 
 def _record_error(stats, what, e, start):
@@ -274,6 +299,29 @@ class Injector(threading.Thread):
             os.kill(p.pid, signal.SIGCONT)
 
 
+def plot_rss(s: dict, docs: str) -> str:
+    """docs/results/soak_rss.png: RSS per surviving rank over the operations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    last = 0
+    for rank, samples in sorted(s["samples"].items(), key=lambda kv: int(kv[0])):
+        ax.plot([x[0] for x in samples], [x[1] for x in samples], ".-", label=f"rank {rank}")
+        last = max([last] + [x[0] for x in samples])
+    ax.axvspan(0, last / 4, color="0.9", zorder=0)
+    ax.set_xlabel("operation")
+    ax.set_ylabel("RSS (MB)")
+    ax.legend()
+    fig.tight_layout()
+    name = "soak_rss.png"
+    fig.savefig(os.path.join(docs, "results", name), dpi=100)
+    plt.close(fig)
+    return name
+
+
 def write_markdown(s: dict, path: str):
     """docs/soak.md from a run's summary (nothing typed by hand)."""
     faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in s["faults"].items()) or "none"
@@ -289,9 +337,14 @@ def write_markdown(s: dict, path: str):
         ("worst destroy_process_group", f"{s['worst_destroy_s']} s"),
         ("killed rank; survivors at the end", f"{s['killed_rank']}; {s['survivors_at_end'][0] if s['survivors_at_end'] else '-'}"),
         ("operations dropped because a member was killed", s["ops_dropped_with_a_killed_member"]),
-        ("RSS MB per surviving rank, first and last sample", s["rss_mb_first_last"]),
-        ("open descriptors, first and last sample", s["fds_first_last"]),
     ]
+    for rank, g in sorted(s["growth"].items(), key=lambda kv: int(kv[0])):
+        if g:
+            rows.append((f"rank {rank}: RSS MB at the start / after the first quarter / at the end; growth since",
+                         f"{g['first'][1]:.0f} / {g['warm'][1]:.0f} / {g['last'][1]:.0f}; "
+                         f"{g['rss_mb_per_kop']:+.2f} MB per 1,000 operations"))
+            rows.append((f"rank {rank}: open descriptors at the start / after the first quarter / at the end",
+                         f"{g['first'][2]} / {g['warm'][2]} / {g['last'][2]}; {g['fds_per_kop']:+.2f} per 1,000 operations"))
     text = ["# Soak with faults", "",
             "Random operations on 4 ranks of the leaf-spine lab (pinned paths, 1 Gbit/s links) while a fault",
             "injector flaps spine links, destroys single path sockets (`ss -K`), freezes ranks (SIGSTOP for",
@@ -302,6 +355,10 @@ def write_markdown(s: dict, path: str):
             f"group timeout {s['group_timeout_s']} s.", "",
             "| measure | value |", "|---|---|"]
     text += [f"| {k} | {v} |" for k, v in rows]
+    if s["samples"]:
+        text += ["", "RSS of every surviving rank, sampled every 250 operations (the first quarter, shaded, is",
+                 "the warm-up: pools, scratch and caches fill up to the largest sizes drawn; a leak keeps",
+                 "growing after it):", "", f"![soak RSS](results/{plot_rss(s, os.path.dirname(path))})"]
     if s["error_messages"]:
         text += ["", "The first errors, as the ranks reported them:", ""]
         text += [f"- `{m}`" for m in s["error_messages"][:6]]
@@ -366,8 +423,8 @@ def main() -> int:
         "worst_error_latency_s": max(lat) if lat else None,
         "worst_destroy_s": max([x for r in per_rank for x in r["destroy_s"]] or [0]),
         "hung_ranks": hung,
-        "rss_mb_first_last": [[round(r["rss"][0] / 2**20), round(r["rss"][-1] / 2**20)] for r in per_rank if r["rss"]],
-        "fds_first_last": [[r["fds"][0], r["fds"][-1]] for r in per_rank if r["fds"]],
+        "samples": {r["rank"]: r["samples"] for r in per_rank},
+        "growth": {r["rank"]: growth_after_warmup(r["samples"]) for r in per_rank},
         "error_messages": [m for r in per_rank for m in r.get("messages", [])][:10],
         "killed_rank": killed, "survivors_at_end": [r["alive_at_end"] for r in per_rank],
         "ops_dropped_with_a_killed_member": max([r["dropped"] for r in per_rank] or [0]),
