@@ -8,7 +8,9 @@ Exact equality is expected, not a tolerance: both runs do the same
 computation from the same seeds and data with one thread per rank, and what
 the backends move is either copied (all-gather, all-to-all, send/recv,
 broadcast) or, with 2 ranks, summed two numbers per element, whose float sum
-does not depend on the order (all-reduce, reduce-scatter). The printed loss
+does not depend on the order (all-reduce, reduce-scatter). The 4-rank
+mixture of experts sums four numbers per element, so it compares to within
+rounding (its test says why). The printed loss
 is each rank's loss gathered and summed in rank order on rank 0, so it does
 not depend on a backend's reduction order either. The pipeline is the same
 model cut into 2 or 4 stages, so 4 stages on maestro must print what 2 stages
@@ -32,27 +34,11 @@ _runs: dict = {}
 def torchrun(example: str, backend: str, nproc: int = 2, *args: str) -> dict:
     """Run `torchrun --nproc_per_node N examples/<example>.py --backend B ...`
     once per module (tests share runs); its exit code, output, per-step
-    losses and rank 0's summary line.
-
-    gloo is the reference the losses are compared with, not what is tested.
-    ProcessGroupGloo now and then aborts a rank while the process exits, after
-    the example printed every step and its summary ("terminate called without
-    an active exception" from a 4-rank moe run in CI, where maestro is not
-    even loaded). Such a gloo run is made once more, and the second must be clean; maestro's
-    runs are never retried."""
+    losses and rank 0's summary line."""
     key = (example, backend, nproc, args)
     if key not in _runs:
-        run = _torchrun_once(example, backend, nproc, *args)
-        if backend == "gloo" and gloo_aborted_at_exit(run):
-            print(f"{run['cmd']}: gloo aborted at exit after a complete run ({errors(run)[:1]}); run again")
-            run = _torchrun_once(example, backend, nproc, *args)
-        _runs[key] = run
+        _runs[key] = _torchrun_once(example, backend, nproc, *args)
     return _runs[key]
-
-
-def gloo_aborted_at_exit(run: dict) -> bool:
-    """The run printed its summary (every step ran), then a rank aborted natively."""
-    return run["code"] != 0 and bool(run["summary"]) and any(e.startswith("terminate called") for e in errors(run))
 
 
 def _torchrun_once(example: str, backend: str, nproc: int, *args: str) -> dict:
@@ -69,7 +55,7 @@ def _torchrun_once(example: str, backend: str, nproc: int, *args: str) -> dict:
     wall = time.monotonic() - start
     steps = STEP.findall(out)
     summary = [l for l in out.splitlines() if l.startswith(f"{example}") and " on " in l]
-    run = {"cmd": " ".join(argv[3:]), "code": code, "out": out, "err": err, "wall": wall,
+    run = {"cmd": " ".join(argv[3:]), "backend": backend, "code": code, "out": out, "err": err, "wall": wall,
            "steps": [int(s) for s, _ in steps], "losses": [float(l) for _, l in steps],
            "summary": summary[-1] if summary else ""}
     print(f"{run['cmd']}: exit {code}, {wall:.1f} s, losses {run['losses']}")
@@ -82,10 +68,29 @@ def errors(run: dict) -> list[str]:
     return [m.group(0) for m in RANK_ERROR.finditer(run["err"])]
 
 
+def gloo_aborted_at_exit(run: dict) -> bool:
+    """A gloo run that printed every step and its summary, after which a rank
+    aborted natively (std::terminate) while the process group was torn down."""
+    return run["backend"] == "gloo" and run["code"] != 0 and bool(run["summary"]) \
+        and any(e.startswith("terminate called") for e in errors(run))
+
+
 def finished(run: dict, steps: int) -> None:
-    """The run exited 0, printed one loss line per step (in order) and its summary."""
-    assert run["code"] == 0, (f"{run['cmd']} exited {run['code']}: " + "\n".join(errors(run)[:8]) +
-                              f"\n--- stdout\n{run['out'][-3000:]}\n--- stderr\n{run['err'][-6000:]}")
+    """The run exited 0, printed one loss line per step (in order) and its summary.
+
+    gloo is the reference the losses are compared with, not what is tested.
+    Where the example's last collective is followed at once by
+    destroy_process_group, ProcessGroupGloo often aborts a rank during the
+    teardown ("terminate called without an active exception"; 5 of 8 runs
+    of the 4-rank moe on a 2-core AVX-512 host, while maestro is not even
+    loaded in those processes). Such a run had finished its work: its losses
+    stand, and the abort is printed, not failed on. maestro's runs must exit 0."""
+    if gloo_aborted_at_exit(run):
+        print(f"{run['cmd']}: gloo aborted while tearing down after a complete run ({errors(run)[0]}); "
+              "its losses are used")
+    else:
+        assert run["code"] == 0, (f"{run['cmd']} exited {run['code']}: " + "\n".join(errors(run)[:8]) +
+                                  f"\n--- stdout\n{run['out'][-3000:]}\n--- stderr\n{run['err'][-6000:]}")
     assert run["steps"] == list(range(steps)), run["out"]
     assert run["summary"], run["out"]
 
@@ -130,13 +135,18 @@ def test_moe_routes_uneven_splits():
     assert len(counts) == 2 and sum(counts) == 2 * 64 and counts[0] != counts[1], counts
 
 
-def test_moe_on_four_ranks_trains_exactly_as_on_gloo():
+def test_moe_on_four_ranks_trains_as_on_gloo():
     """Four experts: every rank's tokens go to three other ranks in uneven
-    runs, and the losses are gloo's to the last digit."""
+    runs, and the losses are gloo's. Not to the last digit: with 4 ranks the
+    shared layers' gradients are all-reduced, a sum of four floats per
+    element whose rounding depends on the order each backend's ring adds
+    them in (on an AVX-512 host the 8th digit of steps 1 and 4 differs; on
+    another CPU they happened to agree). A misrouted token or a lost
+    all-to-all block moves the loss by orders of magnitude more than 1e-6."""
     m, g = torchrun("moe", "maestro", 4), torchrun("moe", "gloo", 4)
     finished(g, STEPS["moe"])
     finished(m, STEPS["moe"])
-    assert m["losses"] == g["losses"], f"maestro {m['losses']} != gloo {g['losses']}"
+    assert m["losses"] == pytest.approx(g["losses"], rel=1e-6, abs=0), f"maestro {m['losses']} != gloo {g['losses']}"
     counts = re.search(r"tokens per expert at the last step \[([\d, ]+)\]", m["summary"])
     assert counts, m["summary"]
     counts = [int(c) for c in counts.group(1).split(",")]
