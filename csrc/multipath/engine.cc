@@ -648,26 +648,28 @@ void Engine::cancelSends(uint64_t seq, const std::string& why, std::chrono::mill
     Peer& p = *peers_[peer];
     std::lock_guard<std::mutex> lock(p.mu);
     bool any = false;
-    for (auto it = p.sending.begin(); it != p.sending.end();) {
-      SendOp* op = it->first;
-      if (!ofThisOp(op) || op->done()) {
-        ++it;
-        continue;
-      }
+    for (auto& kv : p.sending) {
+      SendOp* op = kv.first;
+      if (!ofThisOp(op) || op->done()) continue;
       any = true;
       if (!op->failed()) {  // a flushed chunk of it is not sent again
         op->error_ = why;
         op->failed_.store(true, std::memory_order_release);
       }
-      it = op->outstanding_ == 0 ? p.sending.erase(it) : std::next(it);
     }
     if (!any) continue;
+    // Its queued chunks go first: they point into the op, which the erase
+    // below frees once none of its chunks is posted.
     auto drop = [&](std::deque<ChunkDesc*>& q) {
       q.erase(std::remove_if(q.begin(), q.end(), [&](ChunkDesc* c) { return ofThisOp(c->op) && c->op->failed(); }),
               q.end());
     };
     for (auto& slot : p.paths) drop(slot.queue);
     drop(p.shared);
+    for (auto it = p.sending.begin(); it != p.sending.end();) {
+      SendOp* op = it->first;
+      it = ofThisOp(op) && op->failed() && !op->done() && op->outstanding_ == 0 ? p.sending.erase(it) : std::next(it);
+    }
   }
   // Writes already posted read their source until they complete (verbs: the
   // NIC DMAs from it; TCP: until the socket took the bytes): wait for them.
