@@ -228,8 +228,7 @@ void TcpTransport::admit(int fd, const HelloWire& hello) {
       parked_.push_back({fd, hello});
       return;
     }
-    const auto& mine = peer_addresses_[hello.rank];
-    if (mine.empty() || mine[hello.path % mine.size()] != from_ip) status = HelloStatus::kBadAddress;
+    if (!sources_.admits(hello.rank, hello.path, from_ip)) status = HelloStatus::kBadAddress;
   }
   // A hello for a path we still think is up is a reconnect: the peer saw
   // the old connection die first (e.g. a blackhole that only it noticed).
@@ -254,15 +253,11 @@ void TcpTransport::admit(int fd, const HelloWire& hello) {
 }
 
 void TcpTransport::expectPeers(const std::vector<std::vector<std::string>>& endpoints) {
-  std::vector<std::vector<std::string>> addresses(endpoints.size());
-  for (size_t r = 0; r < endpoints.size(); ++r)
-    for (const auto& e : endpoints[r]) addresses[r].push_back(net::parseEndpoint(e).ip());
-  MAESTRO_CHECK(addresses.size() == static_cast<size_t>(options_.world_size), "expectPeers: ", addresses.size(),
-                " ranks' endpoints for a world of ", options_.world_size);
+  PublishedSources sources(endpoints, options_.world_size, "tcp");
   std::vector<Parked> parked;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    peer_addresses_ = std::move(addresses);
+    sources_ = std::move(sources);
     peers_known_ = true;
     parked.swap(parked_);
   }

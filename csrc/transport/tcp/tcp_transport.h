@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "transport/factory.h"
+#include "transport/published_sources.h"
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/region_table.h"
@@ -101,7 +102,7 @@ class TcpTransport : public Transport {
   std::vector<std::shared_ptr<HelloReader>> hellos_;  // oldest first
   std::vector<Parked> parked_;
   bool peers_known_ = false;
-  std::vector<std::vector<std::string>> peer_addresses_;  // [rank][i]: ip of its i-th vNIC
+  PublishedSources sources_;  // where each rank's paths come from (expectPeers)
   size_t accepted_ = 0;
   size_t refused_ = 0;  // connections refused or given up (warned about the first few)
   bool stopping_ = false;

@@ -24,7 +24,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "common/net.h"
 #include "common/thread.h"
 #include "transport/verbs/cm_wire.h"
 #include "transport/verbs/verbs_transport_impl.h"
@@ -377,14 +376,10 @@ void VerbsTransport::onConnectRequest(rdma_cm_event* event, std::vector<rdma_cm_
 }
 
 void VerbsTransport::expectPeers(const std::vector<std::vector<std::string>>& endpoints) {
-  MAESTRO_CHECK(endpoints.size() == static_cast<size_t>(options_.world_size), "verbs: expectPeers: ",
-                endpoints.size(), " ranks' endpoints for a world of ", options_.world_size);
-  std::vector<std::vector<std::string>> addresses(endpoints.size());
-  for (size_t r = 0; r < endpoints.size(); ++r)
-    for (const auto& e : endpoints[r]) addresses[r].push_back(net::parseEndpoint(e).ip());
+  PublishedSources sources(endpoints, options_.world_size, "verbs");
   {
     std::lock_guard<std::mutex> lock(mu_);
-    peer_addresses_ = std::move(addresses);
+    sources_ = std::move(sources);
     peers_known_ = true;
   }
   // The cm thread decides the parked requests, like every other request.
@@ -397,12 +392,11 @@ void VerbsTransport::admit(rdma_cm_id* id, const Hello& hello, std::vector<rdma_
   // after a failure comes from there too): a process that learned the
   // secret cannot take a path over from elsewhere.
   const std::string from_ip = sockaddrIp(rdma_get_peer_addr(id));
-  const auto& published = peer_addresses_[hello.rank];
-  if (published.empty() || published[hello.path % published.size()] != from_ip) {
+  if (!sources_.admits(hello.rank, hello.path, from_ip)) {
+    const std::string& want = sources_.of(hello.rank, hello.path);
     reject(id,
            strcat("it claims rank ", hello.rank, " path ", hello.path, ", which that rank opens from ",
-                  published.empty() ? std::string("no published address")
-                                    : published[hello.path % published.size()]),
+                  want.empty() ? std::string("no published address") : want),
            reject_ids);
     return;
   }

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "transport/factory.h"
+#include "transport/published_sources.h"
 #include "transport/transport.h"
 #include "transport/verbs/cm_wire.h"
 #include "transport/verbs/device.h"
@@ -178,7 +179,7 @@ class VerbsTransport final : public Transport {
   std::vector<std::string> rejections_;  // recent reasons, for awaitAccepted()'s message
   // Where each rank's paths come from (expectPeers); until then requests
   // with the right secret wait, undecided, in parked_.
-  std::vector<std::vector<std::string>> peer_addresses_;
+  PublishedSources sources_;
   bool peers_known_ = false;
   struct Parked {
     rdma_cm_id* id;
