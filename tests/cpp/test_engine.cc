@@ -189,6 +189,43 @@ TEST(EngineCancel, AFailedOperationsWritesStopWhenCancelReturns) {
   a.deregisterMemory(s);
 }
 
+// A failed operation none of whose chunks is posted yet (they all wait
+// behind another operation's) and which only the engine still holds:
+// cancelSends() frees it and drops its queued chunks without touching it
+// after the free (the sanitizer builds see a use-after-free otherwise), and
+// the operation ahead of it goes on to land exactly.
+TEST(EngineCancel, AnOperationOnlyQueuedIsFreedAfterItsChunksAreDropped) {
+  MemoryRendezvous store;
+  auto engines = twoEngines(store, {{"paths", "2"}, {"chunk_size", "4K"}});
+  ASSERT_TRUE(engines[0] && engines[1]);
+  Engine& a = *engines[0];
+  Engine& b = *engines[1];
+  const size_t ahead_bytes = 64 << 20, queued_bytes = 1 << 20;
+  std::vector<uint8_t> src(ahead_bytes), dst(ahead_bytes, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  Region s = a.registerMemory(src.data(), ahead_bytes);
+  Region d = b.registerMemory(dst.data(), ahead_bytes);
+  RemoteRegion remote = toRemote(d);
+  remote.key = b.expose(d);
+  b.beginOperation(1);
+  // Operation #1 fills every path's queue with 16384 chunks; operation #2's
+  // chunks queue behind them, so none of them is posted when #2 fails.
+  auto ahead = a.write(1, s, 0, remote, 0, ahead_bytes, 1u << kEpochShift);
+  std::weak_ptr<SendOp> queued = a.write(1, s, 0, remote, 0, queued_bytes, 2u << kEpochShift);
+  ASSERT_FALSE(queued.expired()) << "the engine does not hold the queued operation";
+  ASSERT_FALSE(ahead->done()) << "64 MiB in 4 KiB chunks landed before the next write was queued";
+  a.cancelSends(2, "cancelled by the test", std::chrono::milliseconds(2000));
+  EXPECT_TRUE(queued.expired()) << "the cancelled operation is still held";
+  EXPECT_FALSE(ahead->failed()) << ahead->error();
+  auto until = after(30);
+  while (!ahead->done() && !ahead->failed() && Clock::now() < until) a.waitEvent(a.eventCount(), after(0.05));
+  ASSERT_TRUE(ahead->done()) << (ahead->failed() ? ahead->error() : "not done in 30 s");
+  EXPECT_TRUE(src == dst) << "the operation ahead of the cancelled one did not land exactly";
+  b.conceal(d);
+  b.deregisterMemory(d);
+  a.deregisterMemory(s);
+}
+
 // abort() of the group: the operation running fails at once.
 TEST(EngineCancel, InterruptFailsTheRunningOperationAtOnce) {
   MemoryRendezvous store;
