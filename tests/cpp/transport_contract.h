@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -199,6 +200,52 @@ TEST_P(TransportContract, WrongKeyFailsThePathNotTheProcess) {
   ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.flushed.size() == 2; }));
   EXPECT_EQ(43u, sinks_[0].now().flushed[1]);
   t_[1]->conceal(remote);
+}
+
+// A region takes remote writes only while exposed, and each exposure has
+// its own key: a write with an earlier exposure's key -- a late duplicate,
+// or a peer that kept a key -- lands nowhere, whether the region is
+// concealed or exposed again. (What the writer sees differs: TCP drains and
+// acknowledges it; a verbs NIC refuses it and the writer's path fails.)
+TEST_P(TransportContract, AWriteWithAnEarlierExposuresKeyLandsNowhere) {
+  if (paths_ < 3) GTEST_SKIP() << "needs three paths";
+  const size_t bytes = 64 * 1024;
+  std::vector<uint8_t> first(bytes, 0x11), stale(bytes, 0x22), second(bytes, 0x33), dst(bytes, 0);
+  Region r_first = t_[0]->registerMemory(first.data(), bytes);
+  Region r_stale = t_[0]->registerMemory(stale.data(), bytes);
+  Region r_second = t_[0]->registerMemory(second.data(), bytes);
+  Region remote = t_[1]->registerMemory(dst.data(), bytes);
+  auto finished = [&](uint64_t wr_id) {
+    return sinks_[0].waitFor([&](const auto& s) {
+      return std::count(s.completed.begin(), s.completed.end(), wr_id) + std::count(s.flushed.begin(), s.flushed.end(), wr_id) > 0;
+    });
+  };
+  RemoteRegion rr = toRemote(remote);
+  rr.key = t_[1]->expose(remote);
+  const uint64_t first_key = rr.key;
+  t_[0]->postWrite(1, 0, transport::WriteRequest{r_first, first.data(), bytes, rr, 0, true, 1, 1});
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return !s.completed.empty(); }));
+  ASSERT_EQ(first, dst);
+  t_[1]->conceal(remote);
+  // Concealed: the first key opens nothing.
+  t_[0]->postWrite(1, 0, transport::WriteRequest{r_stale, stale.data(), bytes, rr, 0, true, 2, 2});
+  ASSERT_TRUE(finished(2));
+  EXPECT_EQ(first, dst) << "a write landed in a concealed region";
+  // Exposed again: a new key, and the first one still opens nothing.
+  RemoteRegion now = toRemote(remote);
+  now.key = t_[1]->expose(remote);
+  EXPECT_NE(first_key, now.key) << "two exposures share a key";
+  t_[0]->postWrite(1, 1, transport::WriteRequest{r_stale, stale.data(), bytes, rr, 0, true, 3, 3});
+  ASSERT_TRUE(finished(3));
+  EXPECT_EQ(first, dst) << "a write with the previous exposure's key landed";
+  t_[0]->postWrite(1, 2, transport::WriteRequest{r_second, second.data(), bytes, now, 0, true, 4, 4});
+  ASSERT_TRUE(finished(4));
+  const auto done = sinks_[0].now().completed;
+  EXPECT_EQ(1, std::count(done.begin(), done.end(), uint64_t{4})) << "the write with the current key failed";
+  EXPECT_EQ(second, dst) << "the current exposure's key did not open the region";
+  t_[1]->conceal(remote);
+  t_[1]->deregisterMemory(remote);
+  for (const Region& r : {r_first, r_stale, r_second}) t_[0]->deregisterMemory(r);
 }
 
 // closePath() raises one path error and flushes what was outstanding; the

@@ -79,6 +79,12 @@ rdma_conn_param connParam() {
 
 // ---- listen / connect / accept (caller threads) -------------------------------
 
+void VerbsTransport::noteLocalAddress(const std::string& local_addr) {
+  if (local_gid_.index >= 0) return;
+  GidEntry entry;
+  if (findRoceV2Gid(local_addr, &entry)) local_gid_ = entry;
+}
+
 std::string VerbsTransport::listen(const std::string& local_addr) {
   MAESTRO_CHECK(!stopping_, "verbs: listen after shutdown");
   sockaddr_storage addr;
@@ -93,6 +99,7 @@ std::string VerbsTransport::listen(const std::string& local_addr) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       deviceFor(id->verbs);
+      noteLocalAddress(local_addr);
     }
     MAESTRO_CHECK(rdma_listen(id, kListenBacklog) == 0, "verbs: listen(", local_addr, "): ",
                   errnoText("rdma_listen"));
@@ -126,6 +133,7 @@ void VerbsTransport::connect(const PathSpec& spec, const Hello& hello, Deadline 
     // is this side's to reopen later.
     std::lock_guard<std::mutex> lock(mu_);
     initiated_[{spec.peer, spec.path}] = Initiated{spec, hello};
+    noteLocalAddress(spec.local_addr);
   }
 
   std::string last_error;

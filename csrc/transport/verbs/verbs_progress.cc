@@ -37,7 +37,7 @@ const char* statusHint(ibv_wc_status status) {
   switch (status) {
     case IBV_WC_REM_ACCESS_ERR:
       return "the peer's NIC refused the access: rkey, address or length do not match a region the peer "
-             "has registered (stale RemoteRegion, or the region was deregistered)";
+             "exposes now (a key of an earlier exposure, or the region was concealed or deregistered)";
     case IBV_WC_RETRY_EXC_ERR:
       return "no acknowledgement from the peer after every retry: the path or the peer is down";
     case IBV_WC_RNR_RETRY_EXC_ERR:

@@ -125,11 +125,18 @@ Region VerbsTransport::registerMemory(void* addr, size_t length) {
   // valid region (zero-length writes carry no SGE and are not key-checked).
   static char empty_byte;
   void* reg_addr = length == 0 ? &empty_byte : addr;
-  ibv_mr* mr = registerOrExplain(device->pd(), reg_addr, std::max<size_t>(length, 1),
-                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "a user buffer");
+  bool windows = false;
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    windows = binder() != nullptr;
+  }
+  // With memory windows the MR itself grants no remote access: only a
+  // window bound over it while the region is exposed does.
+  const int access = IBV_ACCESS_LOCAL_WRITE | (windows ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr* mr = registerOrExplain(device->pd(), reg_addr, std::max<size_t>(length, 1), access, "a user buffer");
   std::lock_guard<std::mutex> lock(regions_mu_);
   const uint32_t id = next_region_id_++;
-  regions_[id] = mr;
+  regions_[id].mr = mr;
   Region region;
   region.id = id;
   region.key = mr->rkey;
@@ -140,8 +147,74 @@ Region VerbsTransport::registerMemory(void* addr, size_t length) {
   return region;
 }
 
+WindowBinder* VerbsTransport::binder() {
+  if (windows_checked_) return binder_.get();
+  windows_checked_ = true;
+  Device* device = nullptr;
+  GidEntry gid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device = device_.get();
+    gid = local_gid_;
+  }
+  std::string why;
+  if (device == nullptr || !WindowBinder::supported(*device)) {
+    why = strcat(device == nullptr ? std::string("no device") : device->name(), " has no memory windows");
+  } else if (gid.index < 0) {
+    why = "no local vNIC address was used before the first registration";
+  } else {
+    try {
+      binder_ = std::make_unique<WindowBinder>(device, gid);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (!binder_) {
+    MAESTRO_INFO("verbs: no memory windows (", why, "): a registered region stays remotely writable with its "
+                 "MR's rkey until it is deregistered");
+  }
+  return binder_.get();
+}
+
+uint64_t VerbsTransport::expose(const Region& region) {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  auto it = regions_.find(region.id);
+  MAESTRO_CHECK(it != regions_.end(), "verbs: expose of unknown region ", region.id);
+  Registered& r = it->second;
+  if (binder_ == nullptr) return r.mr->rkey;
+  if (r.exposed == 0) {
+    if (r.mw == nullptr) {
+      r.mw = ibv_alloc_mw(r.mr->pd, IBV_MW_TYPE_1);
+      MAESTRO_CHECK(r.mw != nullptr, "verbs: ibv_alloc_mw for region ", region.id, " failed: ", std::strerror(errno));
+    }
+    r.rkey = binder_->bind(r.mw, r.mr, r.mr->addr, r.mr->length);
+    MAESTRO_TRACE("verbs: region ", region.id, " exposed with rkey 0x", std::hex, r.rkey);
+  }
+  ++r.exposed;
+  return r.rkey;
+}
+
+void VerbsTransport::conceal(const Region& region) {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  auto it = regions_.find(region.id);
+  if (it == regions_.end()) {
+    MAESTRO_CHECK(shut_down_, "verbs: conceal of unknown region ", region.id);
+    return;  // every window went with shutdown
+  }
+  Registered& r = it->second;
+  if (binder_ == nullptr || r.exposed == 0) return;
+  if (--r.exposed == 0) binder_->unbind(r.mw, r.mr);
+}
+
+void VerbsTransport::releaseWindows(Registered& r) {
+  // Deallocating a bound window invalidates it.
+  if (r.mw != nullptr && ibv_dealloc_mw(r.mw) != 0) MAESTRO_WARN("verbs: ibv_dealloc_mw failed: ", std::strerror(errno));
+  r.mw = nullptr;
+  r.exposed = 0;
+}
+
 void VerbsTransport::deregisterMemory(const Region& region) {
-  ibv_mr* mr = nullptr;
+  Registered r;
   {
     std::lock_guard<std::mutex> lock(regions_mu_);
     auto it = regions_.find(region.id);
@@ -150,10 +223,11 @@ void VerbsTransport::deregisterMemory(const Region& region) {
       MAESTRO_CHECK(shut_down_, "verbs: deregisterMemory of unknown region ", region.id);
       return;
     }
-    mr = it->second;
+    r = it->second;
     regions_.erase(it);
+    releaseWindows(r);
   }
-  if (ibv_dereg_mr(mr) != 0) {
+  if (ibv_dereg_mr(r.mr) != 0) {
     MAESTRO_WARN("verbs: ibv_dereg_mr(region ", region.id, ") failed: ", std::strerror(errno));
   }
 }
@@ -234,8 +308,12 @@ void VerbsTransport::shutdown() {
   for (rdma_cm_id* id : listeners) rdma_destroy_id(id);
   {
     std::lock_guard<std::mutex> lock(regions_mu_);
-    for (auto& entry : regions_) ibv_dereg_mr(entry.second);
+    for (auto& entry : regions_) {
+      releaseWindows(entry.second);
+      ibv_dereg_mr(entry.second.mr);
+    }
     regions_.clear();
+    binder_.reset();
   }
   device_.reset();
   rdma_destroy_event_channel(cm_channel_);

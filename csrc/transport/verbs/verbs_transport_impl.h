@@ -40,6 +40,8 @@
 #include "transport/transport.h"
 #include "transport/verbs/cm_wire.h"
 #include "transport/verbs/device.h"
+#include "transport/verbs/gid_table.h"
+#include "transport/verbs/memory_window.h"
 #include "transport/verbs/path.h"
 
 namespace maestro {
@@ -55,20 +57,15 @@ class VerbsTransport final : public Transport {
 
   Region registerMemory(void* addr, size_t length) override;
   void deregisterMemory(const Region& region) override;
-  // No-ops: the NIC itself checks every incoming write against the rkey and
-  // bounds of a registered region, and a region stops accepting writes when
-  // it is deregistered (its rkey dies with ibv_dereg_mr), so expose() hands
-  // out the region's rkey unchanged. There is no software receive path that
-  // could hold a write "in progress", so conceal() has nothing to wait for.
-  // What a per-exposure key buys the TCP transport (dropping a late duplicate
-  // meant for an earlier operation) an RC QP mostly provides by itself: it
-  // delivers every write exactly once and in order, and a QP that failed
-  // stops transmitting. The remaining window, a write already on the wire
-  // when its path failed, would need a fresh rkey per exposure (type-2
-  // memory windows); the layer above re-sends the same bytes to the same
-  // place in that case, so it is left open.
-  uint64_t expose(const Region& region) override { return region.key; }
-  void conceal(const Region&) override {}
+  // Where the device has memory windows (memory_window.h), a region is
+  // remotely writable only while exposed: expose() binds a window over it and
+  // returns the window's fresh rkey; conceal() invalidates it, so once it
+  // returns no write with any earlier key lands (the NIC refuses it and the
+  // writer's path fails). Without memory windows a region is writable with
+  // its MR's rkey from registration to deregistration, and these return that
+  // key and do nothing (said once at INFO).
+  uint64_t expose(const Region& region) override;
+  void conceal(const Region& region) override;
 
   std::string listen(const std::string& local_addr) override;
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
@@ -126,6 +123,9 @@ class VerbsTransport final : public Transport {
   std::unique_ptr<Path> newPath(int peer, int index, Device* device) const;
 
   // ---- verbs_connect.cc ----
+  // Remembers the GID of the first local vNIC address (the window binder's
+  // QP is connected to itself through it). Requires mu_.
+  void noteLocalAddress(const std::string& local_addr);
   void cmLoop();
   void handleCmEvent(rdma_cm_event* event, std::vector<Conn*>* discard);
   void onConnectRequest(rdma_cm_event* event, std::vector<rdma_cm_id*>* reject_ids);
@@ -187,9 +187,24 @@ class VerbsTransport final : public Transport {
   };
   std::vector<Parked> parked_;
 
+  // ---- verbs_transport.cc: memory ----
+  struct Registered {
+    ibv_mr* mr = nullptr;
+    ibv_mw* mw = nullptr;  // allocated on the first expose()
+    int exposed = 0;       // expose() minus conceal()
+    uint32_t rkey = 0;     // the key of the current exposure
+  };
+  // The window binder, created on first use; null when the device has no
+  // memory windows. Requires regions_mu_.
+  WindowBinder* binder();
+  void releaseWindows(Registered& r);  // requires regions_mu_
+
   std::mutex regions_mu_;
-  std::map<uint32_t, ibv_mr*> regions_;
+  std::map<uint32_t, Registered> regions_;
   uint32_t next_region_id_ = 1;
+  bool windows_checked_ = false;          // regions_mu_: binder_ decided
+  std::unique_ptr<WindowBinder> binder_;  // regions_mu_
+  GidEntry local_gid_;                    // mu_: of the first local vNIC address seen (index -1: none yet)
 
   std::mutex tasks_mu_;
   std::deque<Task> tasks_;

@@ -152,6 +152,14 @@ Hello helloFrom(int rank, int path, uint8_t secret_byte = 0x42) {
   return hello;
 }
 
+// What a peer needs to write into `region` of `t` now: the key of its
+// current exposure (with memory windows the MR's own rkey opens nothing).
+RemoteRegion exposed(Transport& t, const Region& region) {
+  RemoteRegion r = toRemote(region);
+  r.key = t.expose(region);
+  return r;
+}
+
 // Page-aligned buffer, freed on scope exit.
 struct Buffer {
   explicit Buffer(size_t n) : size(n) {
@@ -266,7 +274,7 @@ TEST_F(VerbsPairTest, EveryPathQpUsesTheGidOfItsOwnAlias) {
 // Writes `bytes` from src (registered on `from`) into dst (registered on
 // `to`) as kChunk chunks, chunk c on path c % 4, at most kInflight
 // outstanding per path, imm = tag | c. Returns false on timeout.
-bool chunkedWrite(Transport& from, int to_rank, RecordingSink& from_sink, const Region& src, const Region& dst,
+bool chunkedWrite(Transport& from, int to_rank, RecordingSink& from_sink, const Region& src, const RemoteRegion& dst,
                   size_t bytes, uint32_t tag, uint64_t wr_base) {
   const size_t chunks = (bytes + kChunk - 1) / kChunk;
   std::vector<size_t> next(kPaths), posted(kPaths);
@@ -294,7 +302,7 @@ bool chunkedWrite(Transport& from, int to_rank, RecordingSink& from_sink, const 
         req.local = src;
         req.src = static_cast<uint8_t*>(src.addr) + offset;
         req.length = std::min(kChunk, bytes - offset);
-        req.remote = toRemote(dst);
+        req.remote = dst;
         req.remote_offset = offset;
         req.with_imm = true;
         req.imm = tag | static_cast<uint32_t>(c);
@@ -347,11 +355,15 @@ void VerbsPairTest::chunkedIterations(size_t kBytes, uint32_t iterations) {
     }
     const uint32_t tag = iter << 24;
     const auto start = Clock::now();
-    ASSERT_TRUE(chunkedWrite(from, forward ? 0 : 1, from_sink, forward ? r1_src : r0_src, forward ? r0_dst : r1_dst,
+    // Each iteration is one exposure of the destination, as an operation is.
+    Transport& to = forward ? *t0_ : *t1_;
+    const Region& dst_region = forward ? r0_dst : r1_dst;
+    ASSERT_TRUE(chunkedWrite(from, forward ? 0 : 1, from_sink, forward ? r1_src : r0_src, exposed(to, dst_region),
                              kBytes, tag, uint64_t{iter} << 32))
         << "iteration " << iter << " did not complete (timeout or path error)";
     ASSERT_TRUE(to_sink.waitFor([&] { return to_sink.arrivals_.size() - arrivals_before >= chunks; }))
         << "only " << to_sink.arrivals_.size() - arrivals_before << " of " << chunks << " immediates arrived";
+    to.conceal(dst_region);
     const double secs = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("[ info     ] iteration %u: %zu chunks, %.1f MB/s%s\n", iter, chunks, kBytes / secs / 1e6,
                 busyPoll() ? " (busy poll)" : "");
@@ -442,7 +454,7 @@ TEST_F(VerbsPairTest, WrongRkeyFailsOnlyThatPathWithClearErrorAndFlushes) {
   Buffer src(kBytes), dst(kBytes);
   const Region local = t1_->registerMemory(src.data, kBytes);
   const Region remote = t0_->registerMemory(dst.data, kBytes);
-  RemoteRegion bad = toRemote(remote);
+  RemoteRegion bad = exposed(*t0_, remote);
   bad.key ^= 0x00a5a500u;  // a key the peer's NIC never issued
   constexpr int kBadPath = 2;
   // The bad write first, then good writes queued behind it on the same path:
@@ -452,7 +464,7 @@ TEST_F(VerbsPairTest, WrongRkeyFailsOnlyThatPathWithClearErrorAndFlushes) {
     req.local = local;
     req.src = src.data + i * kChunk;
     req.length = kChunk;
-    req.remote = i == 0 ? bad : toRemote(remote);
+    req.remote = i == 0 ? bad : exposed(*t0_, remote);
     req.remote_offset = i * kChunk;
     req.with_imm = true;
     req.imm = i;
@@ -490,7 +502,7 @@ TEST_F(VerbsPairTest, WrongRkeyFailsOnlyThatPathWithClearErrorAndFlushes) {
   good.local = local;
   good.src = src.data;
   good.length = 4096;
-  good.remote = toRemote(remote);
+  good.remote = exposed(*t0_, remote);
   good.with_imm = true;
   good.imm = 0xabcd;
   good.wr_id = 555;
@@ -520,6 +532,67 @@ TEST_F(VerbsPairTest, WrongRkeyFailsOnlyThatPathWithClearErrorAndFlushes) {
   }
 }
 
+// With memory windows, registering a region grants no remote access: the
+// MR's own rkey is refused by the NIC, and only an exposure's key opens it.
+TEST_F(VerbsPairTest, ARegistrationsOwnRkeyOpensNothing) {
+  constexpr size_t kBytes = 64 << 10;
+  Buffer src(kBytes), dst(kBytes);
+  std::memset(src.data, 0x5c, kBytes);
+  const Region local = t1_->registerMemory(src.data, kBytes);
+  const Region remote = t0_->registerMemory(dst.data, kBytes);
+  WriteRequest req;
+  req.local = local;
+  req.src = src.data;
+  req.length = kBytes;
+  req.remote = toRemote(remote);  // never exposed: the MR's rkey
+  req.wr_id = 700;
+  t1_->postWrite(0, 1, req);
+  ASSERT_TRUE(s1_.waitFor([&] {
+    for (const auto& c : s1_.completions_) if (c.wr_id == 700) return true;
+    return false;
+  }, seconds(30)));
+  {
+    std::lock_guard<std::mutex> lock(s1_.mu_);
+    for (const auto& c : s1_.completions_)
+      if (c.wr_id == 700) EXPECT_FALSE(c.ok) << "the MR's own rkey opened the region: no memory windows?";
+  }
+  for (size_t i = 0; i < kBytes; ++i) ASSERT_EQ(dst.data[i], 0) << "byte " << i << " was written";
+  req.remote = exposed(*t0_, remote);
+  EXPECT_NE(req.remote.key, remote.key) << "the exposure's key is the MR's";
+  req.wr_id = 701;
+  t1_->postWrite(0, 0, req);
+  ASSERT_TRUE(s1_.waitFor([&] {
+    for (const auto& c : s1_.completions_) if (c.wr_id == 701) return c.ok;
+    return false;
+  }, seconds(30))) << "the exposure's key did not open the region";
+  EXPECT_EQ(std::memcmp(src.data, dst.data, kBytes), 0);
+  t0_->conceal(remote);
+}
+
+// Every exposure of a region has a key the one before it did not have, and
+// nesting exposures share one. Prints what an expose()/conceal() pair costs
+// (two memory-window binds), which every operation pays per region.
+TEST_F(VerbsPairTest, EachExposureHasANewKey) {
+  constexpr size_t kBytes = 1 << 20;
+  Buffer dst(kBytes);
+  const Region region = t0_->registerMemory(dst.data, kBytes);
+  constexpr int kRounds = 1000;
+  uint64_t previous = t0_->expose(region);
+  EXPECT_EQ(previous, t0_->expose(region)) << "a nested exposure changed the key";
+  t0_->conceal(region);
+  t0_->conceal(region);
+  const auto start = Clock::now();
+  for (int i = 0; i < kRounds; ++i) {
+    const uint64_t key = t0_->expose(region);
+    t0_->conceal(region);
+    ASSERT_NE(previous, key) << "exposure " << i << " reused the key of the one before";
+    previous = key;
+  }
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / kRounds;
+  std::printf("[ info     ] expose + conceal: %.1f us per pair\n", us);
+  t0_->deregisterMemory(region);
+}
+
 TEST_F(VerbsPairTest, ClosePathRaisesOnceAndFlushesLaterWrites) {
   constexpr size_t kBytes = 256 << 10;
   Buffer src(kBytes), dst(kBytes);
@@ -531,7 +604,7 @@ TEST_F(VerbsPairTest, ClosePathRaisesOnceAndFlushesLaterWrites) {
   req.local = local;
   req.src = src.data;
   req.length = kBytes;
-  req.remote = toRemote(remote);
+  req.remote = exposed(*t0_, remote);
   req.wr_id = 77;
   t1_->postWrite(0, 3, req);
   ASSERT_TRUE(s1_.waitFor([&] { return !s1_.errors_.empty() && !s1_.completions_.empty(); }, seconds(10)));
@@ -602,7 +675,7 @@ TEST_F(VerbsPairTest, ReconnectBringsAFailedPathBack) {
   req.local = local;
   req.src = src.data;
   req.length = kBytes;
-  req.remote = toRemote(remote);
+  req.remote = exposed(*t0_, remote);
   req.with_imm = true;
   req.imm = 0xbeef;
   req.wr_id = 9;
@@ -643,7 +716,7 @@ TEST_F(VerbsPairTest, ShutdownWithWritesInFlightDoesNotHang) {
     req.local = local;
     req.src = src.data + (i % 32) * (kBytes / 32);
     req.length = kBytes / 32;
-    req.remote = toRemote(remote);
+    req.remote = exposed(*t0_, remote);
     req.remote_offset = (i % 32) * (kBytes / 32);
     req.with_imm = true;
     req.wr_id = i;
@@ -683,7 +756,7 @@ TEST_F(VerbsPairTest, VanishedPeerAddressFailsOnlyItsPath) {
   req.local = local;
   req.src = src.data;
   req.length = kBytes;
-  req.remote = toRemote(remote);
+  req.remote = exposed(*t0_, remote);
   req.with_imm = true;
   req.wr_id = 31;
   const auto start = Clock::now();
