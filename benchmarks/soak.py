@@ -322,6 +322,43 @@ def plot_rss(s: dict, docs: str) -> str:
     return name
 
 
+BASELINE_PREFIX = "soak_baseline_"
+
+
+def baseline_markdown(results_dir: str) -> list:
+    """A section on memory without faults, from the baseline runs recorded
+    beside the main one (docs/results/soak_baseline_*.json): the same random
+    operations without the injector, once with glibc's default allocator
+    settings and once with its mmap threshold fixed, so that what glibc's
+    heap keeps can be told apart from what is still allocated."""
+    runs = []
+    for name in sorted(os.listdir(results_dir)) if os.path.isdir(results_dir) else []:
+        if name.startswith(BASELINE_PREFIX) and name.endswith(".json"):
+            with open(os.path.join(results_dir, name)) as f:
+                runs.append(json.load(f))
+    if not runs:
+        return []
+    text = ["", "## Memory without faults", "",
+            "The same random operations without the fault injector, to tell a leak from the allocator. With",
+            "glibc's default settings a freed allocation above the mmap threshold raises the threshold, so",
+            "later tensors of up to 32 MiB come from the heap, which keeps what it grew to; with the",
+            "threshold fixed every large tensor is mapped and given back when freed. RSS in MB at the first",
+            "sample / after the first quarter / at the end, and its least-squares slope over the last three",
+            "quarters:", "",
+            "| run | malloc | results checked | wrong | errors | " +
+            " | ".join(f"rank {r}" for r in range(4)) + " |",
+            "|---|---|---|---|---|" + "---|" * 4]
+    for b in runs:
+        cells = []
+        for r in range(4):
+            g = b["growth"].get(str(r))
+            cells.append(f"{g['first'][1]:.0f} / {g['warm'][1]:.0f} / {g['last'][1]:.0f}; "
+                         f"{g['rss_mb_per_kop']:+.2f} MB/kop" if g else "-")
+        text.append(f"| `{b['command']}` at {b['commit']}, {b['date'][:10]} | {b.get('malloc', '-')} | "
+                    f"{b['ops_checked']} | {len(b['wrong_results'])} | {b['errors']} | " + " | ".join(cells) + " |")
+    return text
+
+
 def write_markdown(s: dict, path: str):
     """docs/soak.md from a run's summary (nothing typed by hand)."""
     faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in s["faults"].items()) or "none"
@@ -362,6 +399,7 @@ def write_markdown(s: dict, path: str):
     if s["error_messages"]:
         text += ["", "The first errors, as the ranks reported them:", ""]
         text += [f"- `{m}`" for m in s["error_messages"][:6]]
+    text += baseline_markdown(os.path.join(os.path.dirname(path), "results"))
     with open(path, "w") as f:
         f.write("\n".join(text) + "\n")
 
@@ -377,9 +415,21 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=3600, help="seconds before the run counts as hung")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "soak.json"))
     ap.add_argument("--markdown", default=None, help="also write this summary as markdown (docs/soak.md)")
+    ap.add_argument("--malloc-mmap-threshold", type=int, default=None, metavar="BYTES",
+                    help="run the ranks with glibc's mmap threshold fixed at BYTES (MALLOC_MMAP_THRESHOLD_): "
+                         "every larger allocation is mapped and given back when freed, so RSS shows what is "
+                         "still allocated rather than what glibc's heap kept")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: write --markdown from the summary in --out (and the baselines beside it)")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.report:
+        with open(args.out) as f:
+            write_markdown(json.load(f), args.markdown)
+        return 0
+    if args.malloc_mmap_threshold is not None:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)  # the ranks inherit it
 
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import labrun
@@ -416,6 +466,8 @@ def main() -> int:
                                  text=True).stdout.strip(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 1), "ops_planned": args.ops, "group_timeout_s": GROUP_TIMEOUT_S,
+        "malloc": (f"MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold} (fixed mmap threshold)"
+                   if args.malloc_mmap_threshold is not None else "glibc's default (a dynamic mmap threshold)"),
         "faults": {} if args.no_faults else injector.counts,
         "ops_checked": sum(r["ok"] + len(r["wrong"]) for r in per_rank),
         "wrong_results": [w for r in per_rank for w in r["wrong"]],
