@@ -317,19 +317,23 @@ def cmd_models(args):
 def cmd_setup(args):
     """Connection set-up cost vs number of paths: the time to create a group."""
     rows = []
+    right = (dist.get_rank() + 1) % dist.get_world_size()
     log("READY")
     for k in [int(p) for p in args.paths.split(",")]:
-        samples = []
+        samples, routes = [], []
         for _ in range(args.iters):
             dist.barrier()
             t0 = time.perf_counter()
             g = new_group(backend="maestro", pg_options=maestro_torch.Options(paths=k))
             dist.barrier(group=g)
             samples.append(time.perf_counter() - t0)
+            # The core hop discovery found for each path to the right ("" where it did not run).
+            routes.append([s["route"] for s in maestro_torch.path_stats(g) if s["peer"] == right])
             dist.destroy_process_group(g)
         worst = torch.tensor(samples, dtype=torch.float64)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        rows.append({"paths": k, "setup_s": statistics.median(worst.tolist())})
+        rows.append({"paths": k, "setup_s": statistics.median(worst.tolist()), "each_s": worst.tolist(),
+                     "routes_to_the_right": routes})
         log(f"  set-up with {k} paths: {rows[-1]['setup_s'] * 1e3:.0f} ms")
     emit({"rows": rows})
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -203,18 +204,45 @@ bool QpManager::routedApart(const Config& config, const Mesh& mesh, std::string*
   // discovery then finds out (and costs one probing round where routes are
   // pinned). The peer itself answering, or no answer, means no router that
   // far (one switch, or ICMP filtered: discovery could not help anyway).
+  //
+  // The answer is kept for every later group of this process between the
+  // same addresses: the network does not change under a job, and routers
+  // limit the ICMP answers they send (Linux: a burst of 6 per destination,
+  // then one a second), so the probes of a job's fourth group in a row go
+  // unanswered and would turn its discovery off, a second late.
   const int right = (rank_ + 1) % size_;
   if (right == rank_) return false;
   std::vector<std::pair<net::SockAddr, net::SockAddr>> probes;
   const auto& theirs = mesh.peer_vnics[right];
-  for (size_t i = 0; i < mesh.vnics.addresses.size() && !theirs.empty(); ++i)
+  std::string key = strcat("ttl ", config.probe_ttl, ":");
+  for (size_t i = 0; i < mesh.vnics.addresses.size() && !theirs.empty(); ++i) {
     probes.emplace_back(net::parseAddress(mesh.vnics.addresses[i], 0), net::parseAddress(theirs[i % theirs.size()], 9));
+    key += strcat(" ", mesh.vnics.addresses[i], ">", theirs[i % theirs.size()]);
+  }
+  struct Verdict {
+    bool routed;
+    std::string why;
+  };
+  static std::mutex verdicts_mu;
+  static std::map<std::string, Verdict> verdicts;
+  {
+    std::lock_guard<std::mutex> lock(verdicts_mu);
+    auto it = verdicts.find(key);
+    if (it != verdicts.end()) {
+      if (!it->second.routed) *why = it->second.why + " (probed by an earlier group of this process)";
+      return it->second.routed;
+    }
+  }
   std::string probe_why;
   auto hops = net::probeHops(probes, config.probe_ttl, Clock::now() + std::chrono::seconds(1), &probe_why);
-  for (const auto& h : hops)
-    if (!h.empty()) return true;
-  *why = probe_why.empty() ? strcat("no router ", config.probe_ttl, " hops towards rank ", right) : probe_why;
-  return false;
+  Verdict verdict{false, {}};
+  for (const auto& h : hops) verdict.routed = verdict.routed || !h.empty();
+  if (!verdict.routed)
+    verdict.why = probe_why.empty() ? strcat("no router ", config.probe_ttl, " hops towards rank ", right) : probe_why;
+  std::lock_guard<std::mutex> lock(verdicts_mu);
+  verdicts.emplace(key, verdict);
+  *why = verdict.why;
+  return verdict.routed;
 }
 
 void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,

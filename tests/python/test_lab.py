@@ -171,6 +171,20 @@ def test_ecmp_defaults_find_disjoint_spines_by_themselves():
             f"bytes L{leaf}->spine per spine with default settings: {up}; paths: {paths_to_the_right(res)}"
 
 
+def test_every_group_of_a_job_keeps_discovery():
+    # Routers answer only a few ICMP probes a second per destination (Linux:
+    # a burst of 6, then 1 a second). A job that makes group after group
+    # must not read their silence as "no routers" and turn discovery off:
+    # what the first group probed holds for the later ones.
+    with lab("tg", hosts=2, leaves=2, spines=8, aliases=4, mode="pinned") as l:
+        res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "setup", "--paths", "4", "--iters", "8"],
+                                   timeout=300))
+    routes = res["rows"][0]["routes_to_the_right"]
+    assert len(routes) == 8
+    for i, hops in enumerate(routes):
+        assert len(hops) == 4 and all(hops), f"group {i + 1} of 8 ran without discovery: {hops} (all: {routes})"
+
+
 def test_adaptive_moves_chunks_off_loaded_spines():
     with lab("ta", mode="pinned") as l:
         bgs = [l.background(spine=s, mbit=170, proto="udp") for s in (2, 3)]
