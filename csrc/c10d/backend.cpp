@@ -391,7 +391,17 @@ void ProcessGroupMaestro::workerLoop() {
     Pending p;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // Idle, the worker drops the registrations of tensors that died since
+      // (every kSweepInterval): their memory must not stay registered --
+      // pinned, on verbs -- until the group's next operation, which may
+      // never come.
+      while (!stopping_ && queue_.empty()) {
+        if (cv_.wait_for(lock, kSweepInterval) == std::cv_status::timeout && !stopping_ && queue_.empty()) {
+          lock.unlock();
+          cache_->sweep();
+          lock.lock();
+        }
+      }
       if (queue_.empty()) return;
       p = std::move(queue_.front());
       queue_.pop_front();

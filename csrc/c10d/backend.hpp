@@ -215,6 +215,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   std::condition_variable idle_cv_;  // queue_ empty and !running_
   // How long shutdown() lets queued operations finish before it fails them.
   static constexpr std::chrono::seconds kShutdownGrace{10};
+  // How often an idle worker drops registrations of tensors that died.
+  static constexpr std::chrono::milliseconds kSweepInterval{500};
   uint64_t seq_ = 0;
   bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure

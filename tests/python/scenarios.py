@@ -294,6 +294,28 @@ def registrations_bounded_in_bytes(rank, world):
     return {"ok": ok, "bytes_after_each": sizes, "stats": stats}
 
 
+def registrations_of_freed_tensors_go(rank, world):
+    """Tensors reduced once, then freed, with no operation after: their
+    registrations are dropped while the group is idle."""
+    import maestro_torch
+
+    _init()
+    backend = maestro_torch.backend_of()
+    ts = [torch.ones(64 * 1024) for _ in range(4)]
+    for t in ts:
+        dist.all_reduce(t)
+    ok = all(bool(torch.all(t == world)) for t in ts)
+    held = backend.registration_cache_stats()
+    del ts, t
+    until = time.monotonic() + 10
+    while backend.registration_cache_stats()["entries"] > 0 and time.monotonic() < until:
+        time.sleep(0.1)
+    seconds = round(10 - (until - time.monotonic()), 2)
+    after = backend.registration_cache_stats()
+    dist.barrier()
+    return {"ok": ok, "held": held, "after": after, "seconds": seconds}
+
+
 def options_and_subgroups(rank, world):
     import maestro_torch
 

@@ -240,6 +240,14 @@ def test_idle_registrations_stay_under_the_byte_bound():
         assert v["stats"]["evictions"] >= 4 and v["stats"]["hits"] == 0, f"rank {rank}: {v}"
 
 
+def test_registrations_of_freed_tensors_go_while_the_group_is_idle():
+    for rank, v in enumerate(ok_values(run_ranks(2, scenarios.registrations_of_freed_tensors_go, timeout=120))):
+        assert v["ok"], f"rank {rank}: wrong results"
+        assert v["held"]["entries"] == 4, f"rank {rank}: {v}"
+        assert v["after"]["entries"] == 0 and v["after"]["bytes"] == 0, \
+            f"rank {rank}: registrations of freed tensors were kept while idle: {v}"
+
+
 def test_monitored_barrier_names_the_ranks_that_did_not_come():
     values = ok_values(run_ranks(4, scenarios.monitored_barrier, timeout=180))
     for rank, v in enumerate(values):
