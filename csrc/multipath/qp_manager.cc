@@ -216,8 +216,10 @@ bool QpManager::routedApart(const Config& config, const Mesh& mesh, std::string*
   const auto& theirs = mesh.peer_vnics[right];
   std::string key = strcat("ttl ", config.probe_ttl, ":");
   for (size_t i = 0; i < mesh.vnics.addresses.size() && !theirs.empty(); ++i) {
-    probes.emplace_back(net::parseAddress(mesh.vnics.addresses[i], 0), net::parseAddress(theirs[i % theirs.size()], 9));
-    key += strcat(" ", mesh.vnics.addresses[i], ">", theirs[i % theirs.size()]);
+    const std::string& mine = mesh.vnics.addresses[i];
+    const std::string& their = theirs[i % theirs.size()];
+    probes.emplace_back(net::parseAddress(mine, 0), net::parseAddress(their, 9));
+    key += strcat(" ", mine, ">", their);
   }
   struct Verdict {
     bool routed;

@@ -113,12 +113,12 @@ void WindowBinder::connectToSelf() {
   broken_ = false;
 }
 
-uint32_t WindowBinder::bind(ibv_mw* mw, ibv_mr* mr, void* addr, size_t length) {
+uint32_t WindowBinder::bind(ibv_mw* mw, ibv_mr* mr) {
   std::lock_guard<std::mutex> lock(mu_);
   ibv_mw_bind_info info{};
   info.mr = mr;
-  info.addr = reinterpret_cast<uint64_t>(addr);
-  info.length = length;
+  info.addr = reinterpret_cast<uint64_t>(mr->addr);
+  info.length = mr->length;
   info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
   run(mw, info, "binding");
   return mw->rkey;

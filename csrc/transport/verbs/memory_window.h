@@ -44,10 +44,10 @@ class WindowBinder {
   WindowBinder(const WindowBinder&) = delete;
   WindowBinder& operator=(const WindowBinder&) = delete;
 
-  // Binds `mw` over [addr, addr + length) of `mr` for remote write; returns
-  // the window's new rkey once the bind has completed. Throws on failure
-  // (the window then stays unbound).
-  uint32_t bind(ibv_mw* mw, ibv_mr* mr, void* addr, size_t length);
+  // Binds `mw` over the whole of `mr` for remote write; returns the
+  // window's new rkey once the bind has completed. Throws on failure (the
+  // window then stays unbound).
+  uint32_t bind(ibv_mw* mw, ibv_mr* mr);
   // Invalidates the window (bound over `mr`): once this returns, no write
   // with any of its keys lands. Throws on failure.
   void unbind(ibv_mw* mw, ibv_mr* mr);

@@ -187,7 +187,7 @@ uint64_t VerbsTransport::expose(const Region& region) {
       r.mw = ibv_alloc_mw(r.mr->pd, IBV_MW_TYPE_1);
       MAESTRO_CHECK(r.mw != nullptr, "verbs: ibv_alloc_mw for region ", region.id, " failed: ", std::strerror(errno));
     }
-    r.rkey = binder_->bind(r.mw, r.mr, r.mr->addr, r.mr->length);
+    r.rkey = binder_->bind(r.mw, r.mr);
     MAESTRO_TRACE("verbs: region ", region.id, " exposed with rkey 0x", std::hex, r.rkey);
   }
   ++r.exposed;
@@ -206,11 +206,10 @@ void VerbsTransport::conceal(const Region& region) {
   if (--r.exposed == 0) binder_->unbind(r.mw, r.mr);
 }
 
-void VerbsTransport::releaseWindows(Registered& r) {
+void VerbsTransport::releaseWindow(Registered& r) {
   // Deallocating a bound window invalidates it.
   if (r.mw != nullptr && ibv_dealloc_mw(r.mw) != 0) MAESTRO_WARN("verbs: ibv_dealloc_mw failed: ", std::strerror(errno));
   r.mw = nullptr;
-  r.exposed = 0;
 }
 
 void VerbsTransport::deregisterMemory(const Region& region) {
@@ -225,7 +224,7 @@ void VerbsTransport::deregisterMemory(const Region& region) {
     }
     r = it->second;
     regions_.erase(it);
-    releaseWindows(r);
+    releaseWindow(r);
   }
   if (ibv_dereg_mr(r.mr) != 0) {
     MAESTRO_WARN("verbs: ibv_dereg_mr(region ", region.id, ") failed: ", std::strerror(errno));
@@ -309,7 +308,7 @@ void VerbsTransport::shutdown() {
   {
     std::lock_guard<std::mutex> lock(regions_mu_);
     for (auto& entry : regions_) {
-      releaseWindows(entry.second);
+      releaseWindow(entry.second);
       ibv_dereg_mr(entry.second.mr);
     }
     regions_.clear();

@@ -197,7 +197,7 @@ class VerbsTransport final : public Transport {
   // The window binder, created on first use; null when the device has no
   // memory windows. Requires regions_mu_.
   WindowBinder* binder();
-  void releaseWindows(Registered& r);  // requires regions_mu_
+  void releaseWindow(Registered& r);  // requires regions_mu_
 
   std::mutex regions_mu_;
   std::map<uint32_t, Registered> regions_;
