@@ -255,10 +255,11 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
                                          std::chrono::milliseconds timeout,
                                          const std::map<std::string, std::string>& options)
     : Backend(rank, size), knobs_(options), timeout_(timeout) {
-  StoreRendezvous rendezvous(store);
+  // The engine keeps the store: pairs connect through it on first use.
+  auto rendezvous = std::make_shared<StoreRendezvous>(store);
   const char* master = std::getenv("MASTER_ADDR");
-  engine_ = std::make_unique<multipath::Engine>(options, rendezvous, rank, size, deadlineAfter(timeout),
-                                                master ? master : "");
+  engine_ = std::make_unique<multipath::Engine>(options, std::shared_ptr<Rendezvous>(rendezvous), rank, size,
+                                                deadlineAfter(timeout), master ? master : "");
   rlimit memlock{};
   if (getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) memlock.rlim_cur = RLIM_INFINITY;
   cache_ = std::make_unique<multipath::RegistrationCache>(

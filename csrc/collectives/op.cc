@@ -86,6 +86,9 @@ OpContext::~OpContext() {
     } catch (const std::exception& e) {
       MAESTRO_WARN(name(), ": cancelling its writes: ", e.what());
     }
+  } else if (!engine_.awaitQueued(seq_, deadline_)) {
+    MAESTRO_WARN(name(), ": finished here, but a message of it to a rank it was connecting to had not left by "
+                 "its deadline");
   }
   for (const auto& r : exposed_) engine_.conceal(r);
   engine_.retire(seq_);
@@ -121,6 +124,9 @@ void OpContext::checkPeer(int peer) {
 
 void OpContext::run(const std::function<bool()>& step, const std::function<std::string()>& waiting_for,
                     const std::function<std::vector<int>()>& depends) {
+  // A rank that only waits for a peer (and sends it nothing) must still ask
+  // for the pair: the lower rank of a pair opens its paths.
+  for (int peer : depends()) engine_.connect(peer);
   for (;;) {
     uint64_t seen = engine_.eventCount();
     if (step()) return;

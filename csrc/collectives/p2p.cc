@@ -118,6 +118,7 @@ void PointToPoint::send(int peer, uint32_t tag, const Window& buffer, uint64_t b
     ensureThread();
     new_sends_.push_back(std::move(s));
   }
+  engine_.connect(peer);  // in the background, if this is the pair's first message
   engine_.wake();
 }
 
@@ -132,6 +133,10 @@ void PointToPoint::recv(int peer, uint32_t tag, const Window& buffer, uint64_t b
     ensureThread();
     new_recvs_.push_back(std::move(r));
   }
+  // The lower rank of a pair opens its paths, so a receiver asks too: from
+  // any source, every rank (their sends cannot reach it otherwise).
+  for (int p = 0; p < n_; ++p)
+    if (p != engine_.rank() && (peer < 0 || p == peer)) engine_.connect(p);
   engine_.wake();
 }
 

@@ -239,11 +239,17 @@ std::vector<Knob> buildKnobs() {
          c.path_timeout = parseSeconds("MAESTRO_PATH_TIMEOUT", v, 0.05, 3600);
        }},
       {"connect_timeout", "MAESTRO_CONNECT_TIMEOUT", "5",
-       "seconds a path may take to connect at start-up; a path that does not starts down and is retried", false,
+       "seconds a path may take to connect (at start-up or on first use); a path that does not starts down and is "
+       "retried", false,
        [](const Config& c) { return strcat(c.connect_timeout); },
        [](Config& c, const std::string& v) {
          c.connect_timeout = parseSeconds("MAESTRO_CONNECT_TIMEOUT", v, 0.05, 3600);
        }},
+      {"connect", "MAESTRO_CONNECT", "lazy",
+       "lazy: connect to the ring neighbours at start-up and to any other rank when an operation first needs it "
+       "(point to point, all-to-all, gather, scatter, barrier); eager: to every rank at start-up (a full mesh)",
+       true, [](const Config& c) { return c.connect; },
+       [](Config& c, const std::string& v) { c.connect = oneOf("MAESTRO_CONNECT", v, {"lazy", "eager"}); }},
       {"discovery", "MAESTRO_DISCOVERY", "auto",
        "ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own 5-tuple, "
        "keep one per distinct hop (for ECMP-hashed networks); auto: ttl when a probe from some rank towards its "

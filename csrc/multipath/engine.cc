@@ -21,49 +21,180 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
                Deadline setup_deadline, const std::string& rendezvous_host)
     : rank_(rank), size_(size) {
   setLogRank(rank);
-  QpManager qp(store, rank, size, setup_deadline);
-  config_ = qp.agreeOnConfig(overrides);
-  mesh_ = qp.plan(config_, rendezvous_host);
+  connect_wait_ = setup_deadline == Clock::time_point::max() ? Clock::duration::max() : setup_deadline - Clock::now();
+  qp_ = std::make_unique<QpManager>(store, rank, size, setup_deadline);
+  config_ = qp_->agreeOnConfig(overrides);
+  mesh_ = qp_->plan(config_, rendezvous_host);
   // Every rank agreed on the knobs and the transport, so on this too.
   if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
   config_.discovery = mesh_.discovery;  // auto, decided
   hunter_ = Hunter(config_);
-  // Size every peer's path table before the first path opens: completions
-  // may arrive as soon as it does.
-  auto now = Clock::now();
+  // Every peer's state exists before the first path opens: completions may
+  // arrive as soon as it does. Its paths are set when its pair connects.
   p2p_waiting_.assign(size_, 0);
-  for (int i = 0; i < size_; ++i) {
-    peers_.push_back(std::make_unique<Peer>(i, config_));
-    if (i == rank_) continue;
-    peers_[i]->paths.resize(mesh_.paths);
-    peers_[i]->last_heard = now;
-    for (auto& slot : peers_[i]->paths) {
-      slot.up = true;
-      slot.last_progress = now;
+  for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
+  qp_->open(config_, mesh_, this);
+  // At start-up: the ring's pairs (every collective's neighbours), or every
+  // pair (eager). The rest connect when first used.
+  std::vector<RankPair> pairs;
+  std::string discovery_report;
+  for (int a = 0; a < size_; ++a)
+    for (int b = a + 1; b < size_; ++b)
+      if (config_.connect == "eager" || b == a + 1 || (a == 0 && b == size_ - 1)) pairs.emplace_back(a, b);
+  for (auto& [peer, paths] : qp_->connectAtStart(config_, mesh_, pairs)) {
+    if (!paths.report.empty()) discovery_report += "\n  " + paths.report;
+    {
+      Peer& p = *peers_[peer];
+      std::lock_guard<std::mutex> lock(p.mu);
+      p.link = Peer::Link::kConnecting;
     }
-  }
-  qp.open(config_, mesh_, this);
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    Peer& p = *peers_[peer];
-    std::lock_guard<std::mutex> lock(p.mu);
-    for (int i = 0; i < mesh_.paths; ++i) {
-      PathSlot& slot = p.paths[i];
-      slot.id = mesh_.ids[peer][i];
-      slot.initiated = mesh_.initiator[peer];
-      slot.up = mesh_.up[peer][i];
-      slot.route = mesh_.routes[peer][i];
-      slot.description = mesh_.transport->describePath(peer, slot.id);
-      if (!slot.up) slot.last_error = "did not connect at start-up (retried in the background)";
-      if (static_cast<int>(p.slot_of.size()) <= slot.id) p.slot_of.resize(slot.id + 1, -1);
-      p.slot_of[slot.id] = i;
+    {
+      std::lock_guard<std::mutex> lock(active_mu_);
+      active_.push_back(peer);
     }
+    install(peer, paths);
   }
-  if (!mesh_.discovery_report.empty()) MAESTRO_INFO("discovery:", mesh_.discovery_report);
+  if (!discovery_report.empty()) MAESTRO_INFO("discovery:", discovery_report);
   if (!mesh_.vnics.warning.empty() && rank_ == 0) MAESTRO_WARN(mesh_.vnics.warning);
   MAESTRO_INFO(describeSetup());
   monitor_ = std::thread([this] { monitorLoop(); });
   reconnector_ = std::thread([this] { reconnectLoop(); });
+}
+
+// ---------------------------------------------------------------- connections
+
+void Engine::install(int peer, const PeerPaths& paths) {
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    const auto now = Clock::now();
+    p.paths.resize(paths.ids.size());
+    p.last_heard = now;
+    for (size_t i = 0; i < paths.ids.size(); ++i) {
+      PathSlot& slot = p.paths[i];
+      slot.id = paths.ids[i];
+      slot.initiated = paths.initiator;
+      slot.up = paths.up[i];
+      slot.route = paths.routes[i];
+      slot.last_progress = now;
+      slot.description = mesh_.transport->describePath(peer, slot.id);
+      if (!slot.up) slot.last_error = "did not connect (retried in the background)";
+      if (static_cast<int>(p.slot_of.size()) <= slot.id) p.slot_of.resize(slot.id + 1, -1);
+      p.slot_of[slot.id] = static_cast<int>(i);
+    }
+    p.link = Peer::Link::kUp;
+    if (!p.unreachable) {
+      // What was sent while it connected goes now, in order; chunks that
+      // waited for paths are assigned to them.
+      std::vector<std::pair<std::vector<uint8_t>, bool>> waiting;
+      waiting.swap(p.waiting_control);
+      try {
+        for (auto& [msg, reliable] : waiting) postControl(p, std::move(msg), reliable);
+      } catch (const Error&) {
+        // No path up: the peer is unreachable (postControl said why).
+      }
+      std::deque<ChunkDesc*> waiting_chunks;
+      waiting_chunks.swap(p.shared);
+      for (ChunkDesc* c : waiting_chunks) enqueue(p, c);
+      pumpAll(p);
+    }
+  }
+  notify();
+}
+
+void Engine::connect(int peer) {
+  MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  connectLocked(p);
+}
+
+void Engine::connectLocked(Peer& p) {
+  if (p.link != Peer::Link::kNone || p.unreachable || stopping_) return;
+  p.link = Peer::Link::kConnecting;
+  {
+    std::lock_guard<std::mutex> lock(active_mu_);
+    active_.push_back(p.rank);
+  }
+  MAESTRO_TRACE("connecting to rank ", p.rank, " on first use");
+  reapConnecting(false);
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  const int peer = p.rank;
+  std::lock_guard<std::mutex> lock(connecting_mu_);
+  connecting_.push_back({std::thread([this, peer, finished] {
+                           connectInBackground(peer);
+                           finished->store(true);
+                         }),
+                         finished});
+}
+
+void Engine::connectInBackground(int peer) {
+  setLogRank(rank_);
+  nameThisThread("maestro-connect");
+  const auto started = Clock::now();
+  try {
+    const auto now = Clock::now();  // a group without a timeout waits without one
+    const Deadline until = connect_wait_ >= Clock::time_point::max() - now ? Clock::time_point::max() : now + connect_wait_;
+    PeerPaths paths = qp_->connectPair(config_, mesh_, peer, until, stopping_);
+    install(peer, paths);
+    MAESTRO_INFO("connected to rank ", peer, " on first use in ", seconds(Clock::now() - started) * 1000, " ms",
+                 paths.report.empty() ? std::string() : "; discovery: " + paths.report);
+  } catch (const std::exception& e) {
+    Peer& p = *peers_[peer];
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      markUnreachable(p, strcat("cannot connect to rank ", peer, ": ", e.what()));
+    }
+    notify();
+  }
+}
+
+void Engine::reapConnecting(bool all) {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> lock(connecting_mu_);
+    for (auto it = connecting_.begin(); it != connecting_.end();) {
+      if (all || it->finished->load()) {
+        done.push_back(std::move(it->thread));
+        it = connecting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& t : done) t.join();
+}
+
+bool Engine::connected(int peer) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  return p.link == Peer::Link::kUp;
+}
+
+bool Engine::awaitQueued(uint64_t seq, Deadline deadline) {
+  auto queued = [&] {
+    for (int peer : activePeers()) {
+      Peer& p = *peers_[peer];
+      std::lock_guard<std::mutex> lock(p.mu);
+      if (p.unreachable) continue;
+      for (const auto& m : p.waiting_control) {
+        ControlHeader h;
+        std::memcpy(&h, m.first.data(), sizeof h);
+        if (h.seq == seq && static_cast<ControlType>(h.type) != ControlType::kAbort) return true;
+      }
+    }
+    return false;
+  };
+  for (;;) {
+    uint64_t seen = eventCount();
+    if (!queued()) return true;
+    if (!waitEvent(seen, deadline) && Clock::now() >= deadline) return false;
+  }
+}
+
+std::vector<int> Engine::activePeers() const {
+  std::lock_guard<std::mutex> lock(active_mu_);
+  return active_;
 }
 
 Engine::~Engine() {
@@ -75,6 +206,7 @@ Engine::~Engine() {
   }
   if (monitor_.joinable()) monitor_.join();
   if (reconnector_.joinable()) reconnector_.join();
+  reapConnecting(true);  // each sees stopping_ within a poll (or ends its connects by connect_timeout)
   if (logLevel() >= LogLevel::kInfo && mesh_.transport) MAESTRO_INFO("path statistics at shutdown:\n", pathTable());
   // Say goodbye on every path (each is ordered, so the goodbye arrives before
   // that path's close) so the peers do not mistake it for a crash. On the
@@ -82,8 +214,7 @@ Engine::~Engine() {
   // that is the chosen candidate's, not the path's index.
   ControlHeader bye{};
   bye.type = static_cast<uint8_t>(ControlType::kBye);
-  for (int peer = 0; peer < size_ && mesh_.transport; ++peer) {
-    if (peer == rank_) continue;
+  for (int peer : mesh_.transport ? activePeers() : std::vector<int>()) {
     std::vector<int> ids;
     {
       std::lock_guard<std::mutex> lock(peers_[peer]->mu);
@@ -223,6 +354,10 @@ std::vector<PathView> Engine::views(const Peer& peer) const {
 }
 
 void Engine::enqueue(Peer& peer, ChunkDesc* chunk) {
+  if (peer.link != Peer::Link::kUp) {  // connecting: install() assigns it
+    peer.shared.push_back(chunk);
+    return;
+  }
   int p = peer.scheduler->assign(views(peer), chunk->op->length_);
   if (p == kAnyPath) {
     peer.shared.push_back(chunk);
@@ -252,6 +387,7 @@ void Engine::pump(Peer& peer, int path, bool pull) {
 }
 
 void Engine::pumpAll(Peer& peer) {
+  if (peer.link != Peer::Link::kUp) return;
   const size_t n = peer.paths.size();
   for (size_t i = 0; i < n; ++i) pump(peer, static_cast<int>(i), /*pull=*/false);
   // Shared chunks (adaptive, latency): one at a time, to the path the
@@ -322,6 +458,7 @@ std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.unreachable) throw Error(p.error);
+  connectLocked(p);
   p.sending[op.get()] = op;
   for (auto& c : op->chunks_) enqueue(p, &c);
   pumpAll(p);
@@ -439,6 +576,7 @@ std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, 
   std::vector<ChunkSpan> early;
   {
     std::lock_guard<std::mutex> lock(p.mu);
+    connectLocked(p);
     early = p.reassembler.expect(tag, length, shared_hook);
     p.receiving[tag] = op;
     if (p.reassembler.complete(tag)) op->done_.store(true, std::memory_order_release);
@@ -453,8 +591,9 @@ std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, 
 
 void Engine::beginOperation(uint64_t seq) {
   const uint32_t epoch = static_cast<uint32_t>(seq & 3);
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  // A peer never connected has nothing to forget (its table is not even
+  // allocated): the cost is per connected peer, not per rank of the group.
+  for (int peer : activePeers()) {
     Peer& p = *peers_[peer];
     std::lock_guard<std::mutex> lock(p.mu);
     p.reassembler.reset(epoch << kEpochShift, 1u << kEpochShift);
@@ -558,6 +697,11 @@ void Engine::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub,
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.unreachable) throw Error(p.error);
+  if (p.link != Peer::Link::kUp) {
+    connectLocked(p);
+    p.waiting_control.emplace_back(std::move(msg), type != ControlType::kPathDown);
+    return;
+  }
   postControl(p, std::move(msg), /*reliable=*/type != ControlType::kPathDown);
 }
 
@@ -595,11 +739,18 @@ void Engine::broadcastAbort(uint64_t seq, const std::string& reason) {
     std::lock_guard<std::mutex> lock(abort_mu_);
     aborts_.emplace(seq, reason);
   }
+  relayAbort(seq, static_cast<uint32_t>(rank_), reason, -1);
+}
+
+void Engine::relayAbort(uint64_t seq, uint32_t origin, const std::string& reason, int from) {
+  // To every peer this rank is connected to (or connecting to), not to every
+  // rank: each passes it on once (onMessage), so it floods the connected
+  // graph -- the ring at least, which reaches every rank.
   std::string text = reason.substr(0, transport::kMaxControlBytes - sizeof(ControlHeader));
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  for (int peer : activePeers()) {
+    if (peer == from) continue;
     try {
-      sendControl(peer, ControlType::kAbort, seq, static_cast<uint32_t>(rank_), text.data(), text.size());
+      sendControl(peer, ControlType::kAbort, seq, origin, text.data(), text.size());
     } catch (const Error&) {
       // That peer is unreachable; it will fail on its own.
     }
@@ -634,8 +785,7 @@ void Engine::cancelSends(uint64_t seq, const std::string& why, std::chrono::mill
   auto ofThisOp = [&](const SendOp* op) { return (op->tag_ >> kEpochShift) == epoch; };
   auto stillPosted = [&] {
     size_t n = 0;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
+    for (int peer : activePeers()) {
       Peer& p = *peers_[peer];
       std::lock_guard<std::mutex> lock(p.mu);
       for (auto& kv : p.sending)
@@ -643,8 +793,7 @@ void Engine::cancelSends(uint64_t seq, const std::string& why, std::chrono::mill
     }
     return n;
   };
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  for (int peer : activePeers()) {
     Peer& p = *peers_[peer];
     std::lock_guard<std::mutex> lock(p.mu);
     bool any = false;
@@ -683,8 +832,7 @@ void Engine::cancelSends(uint64_t seq, const std::string& why, std::chrono::mill
   // A peer that stopped reading holds them: close the paths they are on;
   // their flush completes them (and the path reconnects).
   std::vector<std::pair<int, int>> close;
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  for (int peer : activePeers()) {
     Peer& p = *peers_[peer];
     std::lock_guard<std::mutex> lock(p.mu);
     for (auto& kv : p.sending) {
@@ -719,8 +867,7 @@ void Engine::retire(uint64_t seq) {
     std::lock_guard<std::mutex> lock(abort_mu_);
     aborts_.erase(aborts_.begin(), aborts_.upper_bound(seq));
   }
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  for (int peer : activePeers()) {
     Peer& p = *peers_[peer];
     std::lock_guard<std::mutex> lock(p.mu);
     for (auto it = p.inbox.begin(); it != p.inbox.end();)
@@ -834,8 +981,15 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
                                     ", more than ", kMaxOpsAhead, " ahead of #", retired_.load()));
           break;
         }
-        std::lock_guard<std::mutex> lock(abort_mu_);
-        aborts_.emplace(h.seq, std::string(reinterpret_cast<const char*>(body), body_len));
+        std::string reason(reinterpret_cast<const char*>(body), body_len);
+        bool first;
+        {
+          std::lock_guard<std::mutex> lock(abort_mu_);
+          first = aborts_.emplace(h.seq, reason).second;
+        }
+        // Ranks this one is connected to and the origin is not may wait on
+        // this operation too: pass it on (once).
+        if (first) relayAbort(h.seq, h.sub, reason, peer);
         break;
       }
       case ControlType::kP2PReady:

@@ -130,9 +130,17 @@ class RecvOp {
 class Engine : public transport::CompletionSink {
  public:
   // Runs the QP manager: agrees on the config with every rank (Options
-  // overrides + environment), then connects the full mesh of paths.
+  // overrides + environment), then connects the ring neighbours' paths
+  // (MAESTRO_CONNECT=eager: every rank's). `store` must outlive the engine:
+  // any other pair connects through it when it is first used.
   Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
          Deadline setup_deadline, const std::string& rendezvous_host = "");
+  // The same, keeping the store for as long as the engine lives.
+  Engine(const std::map<std::string, std::string>& overrides, std::shared_ptr<Rendezvous> store, int rank, int size,
+         Deadline setup_deadline, const std::string& rendezvous_host = "")
+      : Engine(overrides, *store, rank, size, setup_deadline, rendezvous_host) {
+    store_owner_ = std::move(store);
+  }
   ~Engine() override;
 
   int rank() const { return rank_; }
@@ -171,7 +179,8 @@ class Engine : public transport::CompletionSink {
   bool takeControl(int peer, ControlKey key, std::vector<uint8_t>* payload);
   // Tell every peer that operation `seq` failed here (best effort).
   void broadcastAbort(uint64_t seq, const std::string& reason);
-  // An abort some rank sent for `seq`, if any.
+  // An abort some rank sent for `seq`, if any (aborts are passed on, so it
+  // reaches ranks the sender has no paths to).
   bool abortFor(uint64_t seq, std::string* reason) const;
   // Operation `seq` is finished: drop its leftover control messages.
   void retire(uint64_t seq);
@@ -194,6 +203,23 @@ class Engine : public transport::CompletionSink {
   // A point-to-point tag from `peer` (released after its message) may carry
   // a new message: the sender confirmed no write on it is left.
   void recycleTag(int peer, uint32_t tag);
+
+  // ---- connections ----
+  // Start connecting to `peer` in the background if this rank has no paths
+  // to it yet (the lower rank of the pair opens them; both must ask). Every
+  // call that sends to a peer or waits on it asks by itself; a caller that
+  // will only wait for a peer's first word (a receive) asks here. A pair
+  // that cannot connect makes the peer unreachable, with the reason.
+  void connect(int peer);
+  // Paths to `peer` are up (it was connected at start-up or on demand).
+  bool connected(int peer);
+  // Wait until no control message of operation `seq` still waits for its
+  // pair to connect (false at the deadline). An operation may finish on this
+  // rank before its last message to a new pair left -- the peer's answer came
+  // first -- and the process may then exit.
+  bool awaitQueued(uint64_t seq, Deadline deadline);
+  // Peers this rank has connected or is connecting to, in that order.
+  std::vector<int> activePeers() const;
 
   // ---- progress ----
   uint64_t eventCount() const { return events_.load(); }
@@ -266,12 +292,32 @@ class Engine : public transport::CompletionSink {
   void releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep = {});
   struct SentControl;
   void postControl(Peer& peer, std::vector<uint8_t> msg, bool reliable);  // peer.mu held
+  // Send abort `seq` (first raised by rank `origin`) to every active peer
+  // but `from`.
+  void relayAbort(uint64_t seq, uint32_t origin, const std::string& reason, int from);
+  void connectLocked(Peer& peer);                          // peer.mu held: connect() (no-op once started)
+  void install(int peer, const PeerPaths& paths);          // the pair is connected: its paths carry traffic
+  void connectInBackground(int peer);                      // a connecting thread's body
+  void reapConnecting(bool all);                           // join connecting threads that finished (all: every one)
 
   const int rank_;
   const int size_;
   Config config_;
+  std::shared_ptr<Rendezvous> store_owner_;  // may be null: the caller keeps the store
+  std::unique_ptr<QpManager> qp_;
   Mesh mesh_;
   std::vector<std::unique_ptr<Peer>> peers_;
+  // How long a pair connected on demand waits for its peer: the group's
+  // timeout, as the set-up had.
+  Clock::duration connect_wait_{};
+  mutable std::mutex active_mu_;
+  std::vector<int> active_;  // activePeers()
+  struct Connecting {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::mutex connecting_mu_;
+  std::vector<Connecting> connecting_;  // one thread per pair being connected on demand
 
   std::atomic<uint64_t> events_{0};
   std::atomic<int> waiters_{0};

@@ -128,6 +128,12 @@ struct Engine::Peer {
   std::map<ControlKey, std::vector<uint8_t>> inbox;
   std::unordered_map<SendOp*, std::shared_ptr<SendOp>> sending;
   std::unordered_map<uint32_t, std::shared_ptr<RecvOp>> receiving;  // by tag
+  // Not yet asked for, being connected (on first use), or connected (its
+  // paths are set: `paths` is empty until then).
+  enum class Link : uint8_t { kNone, kConnecting, kUp };
+  Link link = Link::kNone;
+  // Control messages sent while it was connecting, posted once it is up.
+  std::vector<std::pair<std::vector<uint8_t>, bool>> waiting_control;
   bool unreachable = false;
   bool left = false;  // the peer said goodbye (its group was destroyed)
   std::string error;

@@ -41,8 +41,7 @@ void Engine::monitorLoop() {
     auto now = Clock::now();
     bool probe = seconds(now - last_probe) >= config_.probe_interval;
     if (probe) last_probe = now;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
+    for (int peer : activePeers()) {
       try {
         monitorPeer(peer, now, probe);
       } catch (const std::exception& e) {

@@ -247,19 +247,19 @@ bool QpManager::routedApart(const Config& config, const Mesh& mesh, std::string*
   return verdict.routed;
 }
 
-void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,
-                           const std::vector<Planned>& planned, std::vector<std::vector<int>>* connected,
-                           std::vector<std::string>* errors) {
+void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<Planned>& planned, Deadline deadline,
+                           std::map<int, std::vector<int>>* connected, std::map<int, std::string>* errors) {
   // In parallel: a path whose link is down costs connect_timeout once, not
   // once per path.
-  auto until = std::min(deadline_, Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                      std::chrono::duration<double>(config.connect_timeout)));
+  auto until = std::min(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(config.connect_timeout)));
   std::vector<std::string> outcome(planned.size());
   std::vector<char> ok(planned.size(), 0);
-  // A bounded pool of connecting threads (set-up only): a thread per path
-  // is too many at hundreds of peers. Every attempt ends by `until`, so a
-  // path whose link is down holds one thread for connect_timeout; the pool
-  // is large enough that a few dead links do not starve the rest.
+  // A bounded pool of connecting threads (while connecting only): a thread
+  // per path is too many at hundreds of peers. Every attempt ends by
+  // `until`, so a path whose link is down holds one thread for
+  // connect_timeout; the pool is large enough that a few dead links do not
+  // starve the rest.
   constexpr size_t kConnectThreads = 32;
   std::atomic<size_t> next{0};
   auto connectOne = [&](size_t i) {
@@ -268,7 +268,7 @@ void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<s
     spec.peer = p.peer;
     spec.path = p.path;
     spec.local_addr = mesh.vnics.addresses[p.path % mesh.vnics.addresses.size()];
-    spec.remote_endpoint = endpoints[p.peer][p.path % endpoints[p.peer].size()];
+    spec.remote_endpoint = mesh.endpoints[p.peer][p.path % mesh.endpoints[p.peer].size()];
     spec.local_port = p.local_port;
     transport::Hello hello;
     std::memcpy(hello.secret, mesh.options.secret.data(), mesh.options.secret.size());
@@ -281,22 +281,26 @@ void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<s
       outcome[i] = e.what();
     }
   };
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < std::min(kConnectThreads, planned.size()); ++t)
-    threads.emplace_back([&] {
-      nameThisThread("maestro-connect");
-      for (size_t i; (i = next++) < planned.size();) connectOne(i);
-    });
-  for (auto& t : threads) t.join();
+  if (planned.size() == 1) {
+    connectOne(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t t = 0; t < std::min(kConnectThreads, planned.size()); ++t)
+      threads.emplace_back([&] {
+        nameThisThread("maestro-connect");
+        for (size_t i; (i = next++) < planned.size();) connectOne(i);
+      });
+    for (auto& t : threads) t.join();
+  }
   for (size_t i = 0; i < planned.size(); ++i) {
     if (ok[i]) (*connected)[planned[i].peer].push_back(planned[i].path);
     else (*errors)[planned[i].peer] += "\n  " + outcome[i];
   }
 }
 
-std::map<int, std::vector<int>> QpManager::discover(const Config& config, Mesh& mesh,
-                                                    const std::vector<std::vector<std::string>>& endpoints,
-                                                    std::map<int, std::vector<uint16_t>>* ports) {
+void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs,
+                         const Exchange& exchange, std::map<int, PeerPaths>* paths,
+                         std::map<int, std::vector<uint16_t>>* ports) {
   // Candidates are 5-tuples, not connections: the opener reserves a source
   // port per candidate; both ends send a TTL-limited SYN on their direction
   // of it (the opener from the reserved port to the peer's listener, the
@@ -304,27 +308,27 @@ std::map<int, std::vector<int>> QpManager::discover(const Config& config, Mesh& 
   // the SYN expires names the core path. Both ends publish what they found
   // and run the same selection, so they agree on which candidates become
   // the paths -- and only those are connected.
+  const auto& endpoints = mesh.endpoints;
   const int P = mesh.paths, cap = P * config.candidates, per_round = std::min(cap, 2 * P);
   auto pairKey = [&](int a, int b) { return std::min(a, b) * size_ + std::max(a, b); };
   std::map<int, std::vector<uint16_t>> cand_port;           // pair -> port of each candidate
   std::map<int, std::vector<std::string>> fwd, bwd;         // pair -> hop of each candidate
   std::map<int, bool> done;
-  for (int a = 0; a < size_; ++a)
-    for (int b = a + 1; b < size_; ++b) done[pairKey(a, b)] = false;
+  for (const auto& [a, b] : pairs) done[pairKey(a, b)] = false;
   std::string why;
   for (int round = 0;; ++round) {
     const int from = round * per_round, to = std::min(cap, from + per_round);
     // 1. The opener (lower rank) reserves this round's source ports.
     std::string record;
-    for (int peer = rank_ + 1; peer < size_; ++peer) {
-      if (done[pairKey(rank_, peer)]) continue;
+    for (const auto& [a, peer] : pairs) {
+      if (a != rank_ || done[pairKey(rank_, peer)]) continue;
       record += strcat(peer, ":");
       for (int c = from; c < to; ++c)
         record += strcat(c == from ? "" : ",",
                          mesh.transport->reservePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()]));
       record += ";";
     }
-    std::vector<std::string> records = allGather(strcat("candidates.", round), record);
+    std::vector<std::string> records = exchange(strcat("candidates.", round), record);
     // 2. Probe our direction of every new candidate we take part in.
     std::vector<transport::RouteProbe> probes;
     std::vector<std::pair<int, int>> which;  // (pair key, candidate), and we are the opener?
@@ -367,7 +371,7 @@ std::map<int, std::vector<int>> QpManager::discover(const Config& config, Mesh& 
     std::string found;
     for (size_t i = 0; i < probes.size(); ++i)
       found += strcat(which[i].first, ":", which[i].second, ":", forward[i] ? "f" : "b", "=", hops[i], ";");
-    std::vector<std::string> all_found = allGather(strcat("routes.", round), found);
+    std::vector<std::string> all_found = exchange(strcat("routes.", round), found);
     for (const auto& rec : all_found) {
       size_t at = 0;
       while (at < rec.size()) {
@@ -404,10 +408,7 @@ std::map<int, std::vector<int>> QpManager::discover(const Config& config, Mesh& 
   if (!why.empty()) MAESTRO_WARN("discovery: ", why);
 
   // The selection of every pair we take part in; unused reserved ports go back.
-  std::map<int, std::vector<int>> chosen;
-  std::ostringstream report;
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
+  for (auto& [peer, out] : *paths) {
     int key = pairKey(rank_, peer), a = std::min(rank_, peer), b = std::max(rank_, peer);
     int n = static_cast<int>(cand_port[key].size());
     std::vector<Candidate> cands(n);
@@ -418,35 +419,30 @@ std::map<int, std::vector<int>> QpManager::discover(const Config& config, Mesh& 
     bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
     if (!f && !w) f = w = true;
     Selection sel = selectDisjoint(cands, P, f, w);
-    chosen[peer] = sel.chosen;
+    out.ids = sel.chosen;
     (*ports)[peer] = cand_port[key];
     bool lower = rank_ < peer;
-    report << "\n  rank " << peer << ": " << n << " candidates, "
+    std::ostringstream report;
+    report << "rank " << peer << ": " << n << " candidates, "
            << (lower ? sel.distinct_forward : sel.distinct_backward) << " distinct outgoing core hops; paths via";
     for (int c : sel.chosen) {
       const std::string& hop = lower ? cands[c].forward : cands[c].backward;
       report << " " << (hop.empty() ? "?" : hop);
     }
+    out.report = report.str();
     if (lower) {
       for (int c = 0; c < n; ++c)
         if (std::find(sel.chosen.begin(), sel.chosen.end(), c) == sel.chosen.end())
           mesh.transport->releasePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()], cand_port[key][c]);
     }
-    std::vector<std::string> routes;
-    for (int c : sel.chosen) routes.push_back(lower ? cands[c].forward : cands[c].backward);
-    mesh.routes[peer] = routes;
+    out.routes.clear();
+    for (int c : sel.chosen) out.routes.push_back(lower ? cands[c].forward : cands[c].backward);
   }
-  mesh.discovery_report = report.str();
-  return chosen;
 }
 
 void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink* sink) {
+  (void)config;
   try {
-    // TCP: a socket per path to every peer, a listener per vNIC, and a few
-    // for route probes and reconnects in flight.
-    if (mesh.transport_kind == "tcp")
-      net::reserveDescriptors(static_cast<size_t>(size_ - 1) * mesh.paths + mesh.vnics.addresses.size() + 16,
-                              strcat("a group of ", size_, " ranks with ", mesh.paths, " paths per peer"));
     mesh.options.sink = sink;
     mesh.transport = transport::makeTransport(mesh.transport_kind, mesh.options);
 
@@ -461,71 +457,126 @@ void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink
     // the store need not keep it (anyone who can read the store could
     // otherwise present it).
     if (rank_ == 0) store_.erase(key("secret", 0));
-
-    const int P = mesh.paths;
-    mesh.initiator.assign(size_, false);
-    mesh.ids.assign(size_, {});
-    mesh.up.assign(size_, {});
-    mesh.routes.assign(size_, std::vector<std::string>(P));
-    for (int peer = rank_ + 1; peer < size_; ++peer) mesh.initiator[peer] = true;
-
-    // Which transport path id each path of each peer is: the path index, or
-    // under discovery the chosen candidate (connected from its probed port).
-    std::map<int, std::vector<int>> chosen;
-    std::map<int, std::vector<uint16_t>> ports;
-    if (mesh.discovery == "ttl") {
-      chosen = discover(config, mesh, endpoints, &ports);
-    } else {
-      for (int peer = 0; peer < size_; ++peer)
-        for (int p = 0; p < P; ++p) chosen[peer].push_back(p);
-    }
-    std::vector<Planned> planned;
-    for (int peer = rank_ + 1; peer < size_; ++peer)
-      for (int id : chosen[peer])
-        planned.push_back({peer, id, ports.count(peer) ? ports[peer][id] : static_cast<uint16_t>(0)});
-    std::vector<std::vector<int>> connected(size_);
-    std::vector<std::string> errors(size_);
-    connectAll(config, mesh, endpoints, planned, &connected, &errors);
-
-    // Everyone learns which paths connected ("peer:id,id;..."), and waits
-    // for the ones opened towards it.
-    std::string record;
-    for (int peer = rank_ + 1; peer < size_; ++peer) {
-      record += strcat(peer, ":");
-      for (size_t i = 0; i < connected[peer].size(); ++i) record += strcat(i ? "," : "", connected[peer][i]);
-      record += ";";
-    }
-    std::vector<std::string> records = allGather("connected", record);
-    size_t expected = 0;
-    for (int r = 0; r < rank_; ++r) {
-      size_t at = 0;
-      const std::string& rec = records[r];
-      while (at < rec.size()) {
-        size_t colon = rec.find(':', at), semi = rec.find(';', at);
-        if (std::stoi(rec.substr(at, colon - at)) == rank_)
-          for (const auto& id : splitList(rec.substr(colon + 1, semi - colon - 1))) {
-            connected[r].push_back(std::stoi(id));
-            ++expected;
-          }
-        at = semi + 1;
-      }
-    }
-    mesh.transport->awaitAccepted(expected, deadline_);
-
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
-      const std::vector<int>& conn = connected[peer];
-      if (conn.empty())
-        fail("cannot reach rank ", peer, " on any of its ", chosen[peer].size(), " paths:",
-             errors[peer].empty() ? strcat(" (rank ", peer, " could not connect to us)") : errors[peer]);
-      for (int id : chosen[peer]) {
-        mesh.ids[peer].push_back(id);
-        mesh.up[peer].push_back(std::find(conn.begin(), conn.end(), id) != conn.end());
-      }
-    }
   } catch (const Error& e) {
     publishError(e.what());
     if (mesh.transport) mesh.transport->shutdown();
+    throw;
+  }
+}
+
+std::map<int, PeerPaths> QpManager::connectPairs(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs,
+                                                 const Exchange& exchange, Deadline deadline) {
+  const int P = mesh.paths;
+  std::map<int, PeerPaths> out;
+  for (const auto& [a, b] : pairs) {
+    if (a != rank_ && b != rank_) continue;
+    const int peer = a == rank_ ? b : a;
+    out[peer].initiator = rank_ < peer;
+  }
+  // TCP: a socket per path to each peer, and a few for route probes and
+  // reconnects in flight.
+  if (mesh.transport_kind == "tcp" && !out.empty())
+    net::reserveDescriptors(out.size() * P + 16, strcat(out.size(), " peer(s) with ", P, " paths each"));
+  // Which transport path id each path of each peer is: the path index, or
+  // under discovery the chosen candidate (connected from its probed port).
+  std::map<int, std::vector<uint16_t>> ports;
+  if (mesh.discovery == "ttl") {
+    discover(config, mesh, pairs, exchange, &out, &ports);
+  } else {
+    for (auto& [peer, pp] : out) {
+      for (int p = 0; p < P; ++p) pp.ids.push_back(p);
+      pp.routes.assign(P, "");
+    }
+  }
+  std::vector<Planned> planned;
+  for (auto& [peer, pp] : out) {
+    if (peer < rank_) continue;
+    for (int id : pp.ids) planned.push_back({peer, id, ports.count(peer) ? ports[peer][id] : static_cast<uint16_t>(0)});
+  }
+  std::map<int, std::vector<int>> connected;
+  std::map<int, std::string> errors;
+  connectAll(config, mesh, planned, deadline, &connected, &errors);
+
+  // The peers learn which paths connected ("peer:id,id;..."), and wait for
+  // the ones opened towards them.
+  std::string record;
+  for (auto& [peer, pp] : out) {
+    if (peer < rank_) continue;
+    record += strcat(peer, ":");
+    for (size_t i = 0; i < connected[peer].size(); ++i) record += strcat(i ? "," : "", connected[peer][i]);
+    record += ";";
+  }
+  std::vector<std::string> records = exchange("connected", record);
+  for (auto& [r, pp] : out) {
+    if (r > rank_) continue;
+    size_t at = 0;
+    const std::string& rec = records[r];
+    while (at < rec.size()) {
+      size_t colon = rec.find(':', at), semi = rec.find(';', at);
+      if (std::stoi(rec.substr(at, colon - at)) == rank_)
+        for (const auto& id : splitList(rec.substr(colon + 1, semi - colon - 1))) connected[r].push_back(std::stoi(id));
+      at = semi + 1;
+    }
+    if (!connected[r].empty()) mesh.transport->awaitAcceptedFrom(r, connected[r], deadline);
+  }
+  for (auto& [peer, pp] : out) {
+    const std::vector<int>& conn = connected[peer];
+    if (conn.empty())
+      fail("cannot reach rank ", peer, " on any of its ", pp.ids.size(), " paths:",
+           errors[peer].empty() ? strcat(" (rank ", peer, " could not connect to us)") : errors[peer]);
+    for (int id : pp.ids) pp.up.push_back(std::find(conn.begin(), conn.end(), id) != conn.end());
+  }
+  return out;
+}
+
+std::map<int, PeerPaths> QpManager::connectAtStart(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs) {
+  try {
+    return connectPairs(config, mesh, pairs,
+                        [this](const std::string& step, const std::string& value) { return allGather(step, value); },
+                        deadline_);
+  } catch (const Error& e) {
+    publishError(e.what());
+    if (mesh.transport) mesh.transport->shutdown();
+    throw;
+  }
+}
+
+PeerPaths QpManager::connectPair(const Config& config, Mesh& mesh, int peer, Deadline deadline,
+                                 const std::atomic<bool>& stop) {
+  const std::string prefix = strcat("maestro/pair.", std::min(rank_, peer), ".", std::max(rank_, peer), "/");
+  // The two ranks alone, by polling: a blocking wait would hold the store
+  // client (one connection per process) while other pairs connect beside it.
+  auto exchange = [&](const std::string& step, const std::string& value) {
+    store_.set(strcat(prefix, step, "/", rank_), "ok:" + value);
+    std::vector<std::string> out(size_);
+    out[rank_] = value;
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      std::string v;
+      if (store_.tryGet(strcat(prefix, step, "/", peer), &v) || store_.tryGet(strcat(prefix, "failed/", peer), &v)) {
+        if (v.rfind("error:", 0) == 0) throw Error(strcat("rank ", peer, " failed to connect to rank ", rank_, ": ",
+                                                          v.substr(6)));
+        MAESTRO_CHECK(v.rfind("ok:", 0) == 0, "malformed maestro connection record from rank ", peer);
+        out[peer] = v.substr(3);
+        return out;
+      }
+      if (stop.load()) fail("the group is shutting down");
+      if (Clock::now() >= deadline)
+        fail("timed out waiting for rank ", peer, " to connect (step '", step,
+             "'): it has not reached an operation with this rank");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(20));
+    }
+  };
+  try {
+    std::map<int, PeerPaths> out = connectPairs(config, mesh, {{std::min(rank_, peer), std::max(rank_, peer)}},
+                                                exchange, deadline);
+    return out.at(peer);
+  } catch (const Error& e) {
+    try {
+      store_.set(strcat(prefix, "failed/", rank_), strcat("error:", e.what()));
+    } catch (const Error&) {
+    }
     throw;
   }
 }

@@ -1,13 +1,14 @@
-// QP manager (paper §4.1, §5.1): the control plane that turns a group of
-// ranks into a full mesh of paths.
+// QP manager (paper §4.1, §5.1): the control plane that connects the ranks
+// of a group by paths: ring neighbours at start-up, any other pair on first
+// use.
 //
 // Through the rendezvous store the ranks agree on: whether they share one
 // host, the group-wide knobs (identical on every rank, else a clear error on
 // every rank), a random per-group secret that every connecting path must
 // present, each rank's vNIC addresses and listening endpoints, the number of
-// paths, and the transport. Then the lower rank of every pair opens path i
-// from its vNIC i to the peer's vNIC i (bind before connect), so the network
-// sees one distinct flow per path.
+// paths, and the transport. Then the lower rank of every pair to connect
+// opens path i from its vNIC i to the peer's vNIC i (bind before connect), so
+// the network sees one distinct flow per path.
 //
 // Every step publishes "ok:<value>" or "error:<message>" under the rank's key
 // for that step, so a rank that fails (a bad knob, an address that is not
@@ -15,6 +16,9 @@
 // waiting for the timeout.
 #pragma once
 
+#include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,18 +42,25 @@ struct Mesh {
   std::vector<std::vector<std::string>> peer_vnics;  // every rank's vNIC addresses
   std::vector<std::vector<std::string>> endpoints;   // every rank's listening endpoints (ip:port)
   int paths = 0;
-  // Per peer, per path: the transport's path id (a candidate index under
-  // discovery, else the path index), whether it connected at start-up (a
-  // path that did not starts down and is retried), whether this rank opened
-  // it (and so reconnects it), and the core hop it was found to take.
-  std::vector<std::vector<int>> ids;
-  std::vector<std::vector<bool>> up;
-  std::vector<std::vector<std::string>> routes;
-  std::vector<bool> initiator;
   std::string discovery;         // off | ttl: MAESTRO_DISCOVERY resolved (auto decided at set-up)
   std::string discovery_why;     // how auto decided
-  std::string discovery_report;  // for the INFO log
 };
+
+// The paths to one peer, once connected: the transport's path id of each (a
+// candidate index under discovery, else the path index), whether it
+// connected (a path that did not starts down and is retried), whether this
+// rank opened them (and so reconnects them), and the core hop each was
+// found to take.
+struct PeerPaths {
+  std::vector<int> ids;
+  std::vector<bool> up;
+  std::vector<std::string> routes;
+  bool initiator = false;
+  std::string report;  // discovery's findings, for the INFO log ("" without discovery)
+};
+
+// A pair of ranks (lower first) to connect.
+using RankPair = std::pair<int, int>;
 
 class QpManager {
  public:
@@ -61,25 +72,37 @@ class QpManager {
   // Agree on vNICs, paths per peer, the group secret, the transport, and
   // (discovery=auto) whether the ranks are routed apart: then discovery runs.
   Mesh plan(const Config& config, const std::string& rendezvous_host);
-  // Create the transport, listen, exchange endpoints and connect every path
-  // (under discovery: candidates in rounds, probed, the disjoint ones kept).
-  // Completions may reach `sink` as soon as the first path is up.
+  // Create the transport, listen, and exchange every rank's endpoints. No
+  // path is opened yet. Completions may reach `sink` as soon as one is.
   void open(const Config& config, Mesh& mesh, transport::CompletionSink* sink);
+  // At start-up, every rank with the same `pairs`: connect those this rank
+  // belongs to (under discovery: candidates in rounds, probed, the disjoint
+  // ones kept). Returns the paths to each of its peers among them.
+  std::map<int, PeerPaths> connectAtStart(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs);
+  // Later, on first use: connect this rank and `peer`, the two of them alone
+  // (the same protocol, through the store under the pair's own keys). Both
+  // ranks call it; it returns early with an error once `stop` is set.
+  PeerPaths connectPair(const Config& config, Mesh& mesh, int peer, Deadline deadline,
+                        const std::atomic<bool>& stop);
 
  private:
+  // One exchange of records among the ranks of a scope: each publishes its
+  // value for `step` and gets every rank's ("" from ranks outside it).
+  using Exchange = std::function<std::vector<std::string>(const std::string& step, const std::string& value)>;
+  std::map<int, PeerPaths> connectPairs(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs,
+                                        const Exchange& exchange, Deadline deadline);
   // Connect every (peer, path, local port) in parallel; returns which
   // connected (per peer), and why the others did not.
   struct Planned {
     int peer, path;
     uint16_t local_port;
   };
-  void connectAll(const Config& config, Mesh& mesh, const std::vector<std::vector<std::string>>& endpoints,
-                  const std::vector<Planned>& planned, std::vector<std::vector<int>>* connected,
-                  std::vector<std::string>* errors);
-  // Discovery: which candidate of each pair becomes which path.
-  std::map<int, std::vector<int>> discover(const Config& config, Mesh& mesh,
-                                           const std::vector<std::vector<std::string>>& endpoints,
-                                           std::map<int, std::vector<uint16_t>>* ports);
+  void connectAll(const Config& config, Mesh& mesh, const std::vector<Planned>& planned, Deadline deadline,
+                  std::map<int, std::vector<int>>* connected, std::map<int, std::string>* errors);
+  // Discovery: which candidate of each pair this rank belongs to becomes
+  // which path (and the core hop of each, in `paths`).
+  void discover(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs, const Exchange& exchange,
+                std::map<int, PeerPaths>* paths, std::map<int, std::vector<uint16_t>>* ports);
   // Publish our value for `step` and collect every rank's. Throws with the
   // message of the first rank that published an error.
   std::vector<std::string> allGather(const std::string& step, const std::string& value);
@@ -93,7 +116,6 @@ class QpManager {
   const int size_;
   const Deadline deadline_;
   std::vector<std::string> published_;  // steps this rank has published
-  size_t accepted_ = 0;                  // paths the peers opened to us so far
 };
 
 }  // namespace multipath

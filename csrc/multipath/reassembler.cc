@@ -5,7 +5,13 @@
 namespace maestro {
 namespace multipath {
 
-Reassembler::Reassembler(uint64_t chunk_size) : chunk_size_(chunk_size), messages_(kUsedTags) {}
+Reassembler::Reassembler(uint64_t chunk_size) : chunk_size_(chunk_size) {}
+
+Reassembler::Message& Reassembler::at(uint32_t tag) {
+  // Sized on first use: a peer this rank never talks to costs no table.
+  if (messages_.empty()) messages_.resize(kUsedTags);
+  return messages_[tag];
+}
 
 bool Reassembler::testAndSet(Message& m, uint32_t chunk) {
   size_t word = chunk / 64;
@@ -18,7 +24,7 @@ bool Reassembler::testAndSet(Message& m, uint32_t chunk) {
 
 std::vector<ChunkSpan> Reassembler::expect(uint32_t tag, uint64_t bytes, std::shared_ptr<ChunkHook> hook) {
   MAESTRO_CHECK(tag < kUsedTags, "message tag ", tag, " out of range");
-  Message& m = messages_[tag];
+  Message& m = at(tag);
   MAESTRO_CHECK(!m.expected, "message tag ", tag, " is already expected (collective schedule bug)");
   m.expected = true;
   m.bytes = bytes;
@@ -42,7 +48,7 @@ Reassembler::Landed Reassembler::land(uint32_t tag, uint32_t chunk, uint64_t len
     *error = strcat("chunk id out of range (tag ", tag, ", chunk ", chunk, ")");
     return Landed::kError;
   }
-  Message& m = messages_[tag];
+  Message& m = at(tag);
   if (m.released) return Landed::kDuplicate;
   if (m.expected && chunk >= m.chunks) {
     *error = strcat("chunk ", chunk, " of message ", tag, " but the message has only ", m.chunks, " chunks");
@@ -66,23 +72,26 @@ Reassembler::Landed Reassembler::land(uint32_t tag, uint32_t chunk, uint64_t len
 }
 
 bool Reassembler::processed(uint32_t tag) {
-  Message& m = messages_[tag];
+  Message& m = at(tag);
   ++m.processed;
   return m.processed == m.chunks;
 }
 
 bool Reassembler::complete(uint32_t tag) const {
+  if (messages_.empty()) return false;
   const Message& m = messages_[tag];
   return m.expected && m.processed == m.chunks;
 }
 
 void Reassembler::release(uint32_t tag) {
-  messages_[tag] = Message();
-  messages_[tag].released = true;
+  Message& m = at(tag);
+  m = Message();
+  m.released = true;
 }
 
 void Reassembler::reset(uint32_t first, uint32_t count) {
   MAESTRO_CHECK(first <= kUsedTags && count <= kUsedTags - first, "tags [", first, ", +", count, ") out of range");
+  if (messages_.empty()) return;  // nothing to forget
   for (uint32_t t = first; t < first + count; ++t) messages_[t] = Message();
 }
 

@@ -66,9 +66,10 @@ class Reassembler {
     bool inUse() const { return expected || !early.empty(); }
   };
   bool testAndSet(Message& m, uint32_t chunk);
+  Message& at(uint32_t tag);
 
   uint64_t chunk_size_;
-  std::vector<Message> messages_;  // indexed by tag
+  std::vector<Message> messages_;  // indexed by tag; empty until first used
 };
 
 }  // namespace multipath

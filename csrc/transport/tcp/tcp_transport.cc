@@ -435,6 +435,18 @@ void TcpTransport::awaitAccepted(size_t count, Deadline deadline) {
     fail("only ", accepted_, " of ", count, " expected paths were opened by the peers before the timeout");
 }
 
+void TcpTransport::awaitAcceptedFrom(int peer, const std::vector<int>& paths, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto missing = [&] {
+    std::string m;
+    for (int path : paths)
+      if (!paths_.count({peer, path})) m += strcat(m.empty() ? "" : ", ", path);
+    return m;
+  };
+  if (!accepted_cv_.wait_until(lock, deadline, [&] { return stopping_ || missing().empty(); }))
+    fail("rank ", peer, " did not open path(s) ", missing(), " to this rank before the timeout");
+}
+
 std::shared_ptr<TcpPath> TcpTransport::pathFor(int peer, int path) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = paths_.find({peer, path});

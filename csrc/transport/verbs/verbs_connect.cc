@@ -225,6 +225,24 @@ void VerbsTransport::awaitAccepted(size_t count, Deadline deadline) {
   fail("verbs: only ", accepted_, " of ", count, " expected paths were accepted before the deadline", rejected);
 }
 
+void VerbsTransport::awaitAcceptedFrom(int peer, const std::vector<int>& paths, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto missing = [&] {
+    std::string m;
+    for (int path : paths) {
+      auto it = live_.find({peer, path});
+      if (it == live_.end() || it->second == nullptr) m += strcat(m.empty() ? "" : ", ", path);
+    }
+    return m;
+  };
+  cm_cv_.wait_until(lock, deadline, [&] { return stopping_ || missing().empty(); });
+  MAESTRO_CHECK(!stopping_, "verbs: awaitAcceptedFrom: the transport was shut down");
+  if (missing().empty()) return;
+  std::string rejected;
+  for (const std::string& reason : rejections_) rejected += "; rejected " + reason;
+  fail("verbs: rank ", peer, " did not open path(s) ", missing(), " to this rank before the deadline", rejected);
+}
+
 // ---- the connection-manager thread --------------------------------------------
 
 void VerbsTransport::cmLoop() {

@@ -1,0 +1,195 @@
+// Connections on first use: a group connects its ring neighbours at
+// start-up and any other pair when an operation first needs it (the lower
+// rank opens the paths, so both sides of the pair must ask); aborts reach
+// ranks that have no paths to the rank that raised them. Ranks as threads
+// over real loopback sockets.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "collective_world.h"
+#include "collectives/collectives.h"
+#include "collectives/p2p.h"
+#include "common/error.h"
+#include "test_util.h"
+
+namespace maestro {
+namespace collectives {
+namespace {
+
+using testing::after;
+using testing::errorText;
+using testing::registered;
+using testing::runRanks;
+using testing::World;
+
+std::map<std::string, std::string> twoPaths(std::string connect = "lazy") {
+  return {{"paths", "2"}, {"chunk_size", "4K"}, {"segment_size", "16K"}, {"connect", connect}};
+}
+
+std::vector<int> sorted(std::vector<int> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::vector<int> neighbours(int r, int n) { return sorted({(r + n - 1) % n, (r + 1) % n}); }
+
+TEST(Connect, RingNeighboursAtStartTheRestOnFirstUse) {
+  const int n = 6;
+  World w(n, twoPaths());
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(neighbours(r, n), sorted(w.engines[r]->activePeers())) << "rank " << r;
+    EXPECT_FALSE(w.engines[r]->connected((r + 3) % n));
+    // Path statistics list the connected peers' paths only.
+    EXPECT_EQ(4u, w.engines[r]->pathStats().size()) << "rank " << r;
+  }
+  // A ring collective needs nothing more.
+  std::vector<std::vector<float>> data(n, std::vector<float>(10000, 1.0f));
+  auto errors = runRanks(n, [&](int r) {
+    Window win = registered(*w.engines[r], data[r]);
+    allreduce(*w.engines[r], 1, win, data[r].size(), DType::kFloat32, ReduceOp::kSum, after(60));
+    w.engines[r]->deregisterMemory(win.region);
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ("", errorText(errors[r])) << "rank " << r;
+    EXPECT_EQ(float(n), data[r][9999]);
+    EXPECT_EQ(neighbours(r, n), sorted(w.engines[r]->activePeers())) << "rank " << r;
+  }
+  // All-to-all writes to every rank: every pair connects, and it is exact.
+  const uint64_t count = 3000;  // elements per pair, several chunks each
+  std::vector<std::vector<int32_t>> in(n, std::vector<int32_t>(count * n)), out(n, std::vector<int32_t>(count * n, -1));
+  for (int r = 0; r < n; ++r)
+    for (int q = 0; q < n; ++q)
+      for (uint64_t i = 0; i < count; ++i) in[r][q * count + i] = r * 1000000 + q * 10000 + static_cast<int>(i);
+  errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    Window input = registered(e, in[r]), output = registered(e, out[r]);
+    std::vector<Window> ins, outs;
+    for (int q = 0; q < n; ++q) {
+      ins.push_back(Window{input.region, q * count * 4});
+      outs.push_back(Window{output.region, q * count * 4});
+    }
+    alltoall(e, 2, ins, std::vector<uint64_t>(n, count), outs, std::vector<uint64_t>(n, count), DType::kInt32,
+             after(60));
+    e.deregisterMemory(input.region);
+    e.deregisterMemory(output.region);
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ("", errorText(errors[r])) << "rank " << r;
+    EXPECT_EQ(n - 1, static_cast<int>(w.engines[r]->activePeers().size())) << "rank " << r;
+    for (int q = 0; q < n; ++q)
+      if (q != r) EXPECT_TRUE(w.engines[r]->connected(q)) << "rank " << r << " to " << q;
+    EXPECT_EQ(2u * (n - 1), w.engines[r]->pathStats().size()) << "rank " << r;
+    for (int q = 0; q < n; ++q)
+      for (uint64_t i : {0ul, count / 2, count - 1})
+        ASSERT_EQ(q * 1000000 + r * 10000 + static_cast<int>(i), out[r][q * count + i])
+            << "rank " << r << " from rank " << q << " element " << i;
+  }
+}
+
+TEST(Connect, EagerConnectsEveryRankAtStart) {
+  const int n = 5;
+  World w(n, twoPaths("eager"));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(n - 1, static_cast<int>(w.engines[r]->activePeers().size())) << "rank " << r;
+}
+
+// Point to point between ranks that are not ring neighbours, the sender
+// first and the receiver a while later, in both directions of a pair: the
+// higher rank cannot open the pair's paths, so it waits for the lower one to
+// ask (by its receive) -- and the message is neither lost nor an error.
+TEST(Connect, PointToPointBetweenStrangersInEitherOrder) {
+  const int n = 6;
+  World w(n, twoPaths());
+  std::vector<std::unique_ptr<PointToPoint>> p2p(n);
+  for (int r = 0; r < n; ++r) p2p[r] = std::make_unique<PointToPoint>(*w.engines[r]);
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::string error;
+    PointToPoint::Done callback() {
+      return [this](std::exception_ptr e, int) {
+        std::lock_guard<std::mutex> lock(mu);
+        error = errorText(e);
+        done = true;
+        cv.notify_all();
+      };
+    }
+    std::string wait() {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; })) return "hung";
+      return error;
+    }
+  };
+  const size_t bytes = 100000;
+  // (sender, receiver): higher to lower, then lower to higher.
+  for (auto [from, to] : {std::pair<int, int>{4, 1}, std::pair<int, int>{2, 5}}) {
+    ASSERT_FALSE(w.engines[from]->connected(to));
+    std::vector<uint8_t> src(bytes), dst(bytes, 0);
+    for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>(i * 7 + from);
+    Window s{w.engines[from]->registerMemory(src.data(), bytes), 0};
+    Window d{w.engines[to]->registerMemory(dst.data(), bytes), 0};
+    Outcome sent, got;
+    p2p[from]->send(to, 3, s, bytes, after(60), sent.callback());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the receiver comes late
+    p2p[to]->recv(from, 3, d, bytes, after(60), got.callback());
+    EXPECT_EQ("", sent.wait());
+    EXPECT_EQ("", got.wait());
+    EXPECT_TRUE(dst == src) << from << " -> " << to;
+    EXPECT_TRUE(w.engines[from]->connected(to));
+    w.engines[from]->deregisterMemory(s.region);
+    w.engines[to]->deregisterMemory(d.region);
+  }
+  for (auto& p : p2p) p.reset();
+}
+
+// Rank 0 calls the collective with another size. Only its ring neighbours
+// see the mismatch in the handshake; the ranks beyond them have no paths to
+// rank 0 and wait for data from their neighbours. The abort is passed on
+// from rank to rank, so every rank fails with the reason, not the timeout.
+TEST(Connect, AnAbortReachesRanksWithoutPathsToItsOrigin) {
+  const int n = 8;
+  World w(n, twoPaths());
+  std::vector<std::vector<float>> data(n, std::vector<float>(20000, 1.0f));
+  auto errors = runRanks(n, [&](int r) {
+    Window win = registered(*w.engines[r], data[r]);
+    const uint64_t count = r == 0 ? 19999 : 20000;
+    try {
+      allreduce(*w.engines[r], 1, win, count, DType::kFloat32, ReduceOp::kSum, after(120));
+    } catch (...) {
+      w.engines[r]->deregisterMemory(win.region);
+      throw;
+    }
+    w.engines[r]->deregisterMemory(win.region);
+  });
+  for (int r = 0; r < n; ++r) {
+    const std::string msg = errorText(errors[r]);
+    EXPECT_NE(std::string::npos, msg.find("different collectives")) << "rank " << r << ": " << msg;
+    EXPECT_EQ(std::string::npos, msg.find("timed out")) << "rank " << r << ": " << msg;
+    // Nobody connected to rank 0 to be told.
+    if (r != 1 && r != n - 1) EXPECT_FALSE(w.engines[r]->connected(0)) << "rank " << r;
+  }
+}
+
+// Each rank leaves as soon as its barrier returns. A rank may hear its new
+// partner's token before its own token to it has left (it waits for the
+// pair to connect): the barrier returns only once it has, or a process that
+// exits right after would take the token with it.
+TEST(Connect, ABarrierOnNewPairsThenEveryRankLeaves) {
+  for (int round = 0; round < 20; ++round) {
+    const int n = 4;
+    World w(n, twoPaths());
+    auto errors = runRanks(n, [&](int r) {
+      barrier(*w.engines[r], 1, after(30));
+      MAESTRO_CHECK(w.engines[r]->awaitQueued(1, Clock::now()), "a token still waits for its pair");
+      w.engines[r].reset();
+    });
+    for (int r = 0; r < n; ++r) ASSERT_EQ("", errorText(errors[r])) << "round " << round << " rank " << r;
+  }
+}
+}  // namespace
+}  // namespace collectives
+}  // namespace maestro
