@@ -6,10 +6,12 @@ by side, on this host's loopback (no lab, no root needed for this part).
     python benchmarks/footprint.py --quick          # small (smoke test)
     scripts/bench.sh --only footprint               # recorded through the suite into docs/results.md
 
-Footprint: for each world size, a fresh group of each backend (separate
-launches, interleaved: maestro, gloo, maestro, ...), maestro with 2 paths per
-peer (MAESTRO_VNICS=127.0.0.1,127.0.0.2); every rank reports after one small
-allreduce. CPU: both backends' groups in the same processes, 64 MiB
+Footprint: for each world size, a fresh group of each variant (separate
+launches, interleaved: maestro, maestro-eager, gloo, maestro, ...), maestro
+with 2 paths per peer (MAESTRO_VNICS=127.0.0.1,127.0.0.2), as it comes (ring
+neighbours at start-up, any other pair on first use) and with
+MAESTRO_CONNECT=eager (every pair at start-up); every rank reports after one
+small allreduce. CPU: both backends' groups in the same processes, 64 MiB
 allreduces timed alternately in rounds; getrusage of each process (all its
 threads) over each backend's loop, summed over the ranks, per GB of tensor
 reduced; maestro runs with its defaults (4 loopback paths).
@@ -29,6 +31,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("maestro", "gloo")
+# The footprint's variants: maestro as it comes (ring neighbours connected at
+# start-up, other pairs on first use), maestro with every pair connected at
+# start-up (MAESTRO_CONNECT=eager: the full mesh), gloo.
+VARIANTS = {"maestro": {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2"},
+            "maestro-eager": {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2", "MAESTRO_CONNECT": "eager"},
+            "gloo": {}}
 
 
 # ---------------------------------------------------------------- rank side
@@ -46,12 +54,12 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def rank_footprint(backend: str) -> None:
+def rank_footprint(variant: str) -> None:
     import torch
     import torch.distributed as dist
 
     t0 = time.perf_counter()
-    dist.init_process_group(backend)
+    dist.init_process_group(variant.split("-")[0])
     dist.all_reduce(torch.ones(1024))
     setup = time.perf_counter() - t0
     mine = {"setup_s": setup, "threads": _proc_status("Threads"), "fds": len(os.listdir("/proc/self/fd")),
@@ -59,7 +67,7 @@ def rank_footprint(backend: str) -> None:
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, mine)
     if dist.get_rank() == 0:
-        print("RESULT " + json.dumps({"backend": backend, "world": dist.get_world_size(), "ranks": rows}), flush=True)
+        print("RESULT " + json.dumps({"backend": variant, "world": dist.get_world_size(), "ranks": rows}), flush=True)
     dist.destroy_process_group()
 
 
@@ -115,8 +123,7 @@ def footprint(worlds: list[int], trials: int) -> dict:
     runs = []
     for trial in range(trials):
         for world in worlds:
-            for backend in BACKENDS:
-                env = {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2"} if backend == "maestro" else {}
+            for backend, env in VARIANTS.items():
                 rec = launch(world, ["footprint", backend], env)
                 rec["trial"] = trial
                 runs.append(rec)

@@ -586,10 +586,12 @@ def sec_discovery(rec, out):
 
 def sec_footprint(rec, out):
     fp = rec["data"]["footprint"]
+    # maestro-eager (every pair connected at start-up) where the record has it.
+    variants = [v for v in ("maestro", "maestro-eager", "gloo") if any(r["backend"] == v for r in fp["runs"])]
     rows, series = [], {}
     for world in fp["worlds"]:
         row = [world]
-        for backend in ("maestro", "gloo"):
+        for backend in variants:
             runs = [r for r in fp["runs"] if r["world"] == world and r["backend"] == backend]
             ranks = [x for r in runs for x in r["ranks"]]
 
@@ -605,21 +607,24 @@ def sec_footprint(rec, out):
                 series.setdefault((backend, k), []).append(cells[k][0])
         rows.append(row)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    styles = {"maestro": "o-", "maestro-eager": "^:", "gloo": "s--"}
     for ax, k, label in ((axes[0], "threads", "threads per rank"), (axes[1], "fds", "open descriptors per rank")):
-        for backend, style in (("maestro", "o-"), ("gloo", "s--")):
-            ax.plot(fp["worlds"], series[(backend, k)], style, label=backend)
+        for backend in variants:
+            ax.plot(fp["worlds"], series[(backend, k)], styles[backend], label=backend)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks")
         ax.set_ylabel(label)
         ax.legend()
     size = rec["data"]["cpu"]["runs"][0]["bytes"] >> 20 if rec["data"]["cpu"]["runs"] else 0
+    header = ["ranks"] + [f"{v} {k}" for v in variants for k in ("threads", "fds", "RSS MB", "set-up s")]
+    eager = ("; maestro as it comes connects a rank's ring neighbours at start-up and any other pair on first use, "
+             "maestro-eager (MAESTRO_CONNECT=eager) every pair at start-up" if "maestro-eager" in variants else "")
     return ("Footprint and CPU cost per rank (loopback)",
             f"Per rank, after one small allreduce in a fresh group: threads, open file descriptors, resident "
             f"memory (MB, torch included) and set-up time (s, init_process_group to the first allreduce), median "
             f"(min-max) over every rank of {fp['trials']} interleaved launches; maestro with {fp['paths']} paths "
-            f"per peer.\n\n"
-            + table(["ranks", "maestro threads", "maestro fds", "maestro RSS MB", "maestro set-up s",
-                     "gloo threads", "gloo fds", "gloo RSS MB", "gloo set-up s"], rows)
+            f"per peer{eager}.\n\n"
+            + table(header, rows)
             + f"\n\nAllreduce of {size} MiB on this host (maestro's defaults: 4 loopback paths), both groups in the "
               f"same processes, timed alternately: busbw median (min-max) over the rounds, and CPU seconds (user + "
               f"system, every thread of every rank) per GB of tensor reduced.\n\n"
