@@ -246,8 +246,9 @@ std::vector<Knob> buildKnobs() {
          c.connect_timeout = parseSeconds("MAESTRO_CONNECT_TIMEOUT", v, 0.05, 3600);
        }},
       {"connect", "MAESTRO_CONNECT", "lazy",
-       "lazy: connect to the ring neighbours at start-up and to any other rank when an operation first needs it "
-       "(point to point, all-to-all, gather, scatter, barrier); eager: to every rank at start-up (a full mesh)",
+       "lazy: connect to the ring neighbours and the barrier's partners (2^k ranks away) at start-up, and to any "
+       "other rank when an operation first needs it (point to point, all-to-all, gather, scatter); eager: to "
+       "every rank at start-up (a full mesh)",
        true, [](const Config& c) { return c.connect; },
        [](Config& c, const std::string& v) { c.connect = oneOf("MAESTRO_CONNECT", v, {"lazy", "eager"}); }},
       {"discovery", "MAESTRO_DISCOVERY", "auto",

@@ -41,8 +41,8 @@ struct Config {
   double path_timeout = 2.0;            // seconds without progress before a path is declared down
   double probe_interval = 0.5;          // seconds between probes of idle / down paths
   double connect_timeout = 5.0;         // seconds a path may take to connect at start-up
-  // lazy: ring neighbours at start-up, any other peer on first use | eager:
-  // every peer at start-up (a full mesh).
+  // lazy: ring neighbours and barrier partners at start-up, any other peer
+  // on first use | eager: every peer at start-up (a full mesh).
   std::string connect = "lazy";
   // off | ttl: find disjoint routes among candidate connections | auto: ttl
   // where a router answers a probe between ranks (the QP manager resolves it

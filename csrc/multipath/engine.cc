@@ -34,13 +34,23 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   p2p_waiting_.assign(size_, 0);
   for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
   qp_->open(config_, mesh_, this);
-  // At start-up: the ring's pairs (every collective's neighbours), or every
-  // pair (eager). The rest connect when first used.
+  // At start-up: the ring's pairs (every ring collective's neighbours) and
+  // the barrier's (ranks 2^k apart, both ways: log2(n) partners each way),
+  // or every pair (eager). The rest connect when first used. The barrier's
+  // are connected now because a barrier is what a job ends with: its ranks
+  // leave as soon as they have heard from everyone, the rank that hosts the
+  // store among them, and a pair that connected then would have no store.
   std::vector<RankPair> pairs;
   std::string discovery_report;
+  auto atStart = [&](int a, int b) {
+    if (config_.connect == "eager") return true;
+    for (int d = 1; d < size_; d *= 2)
+      if ((a + d) % size_ == b || (b + d) % size_ == a) return true;
+    return false;
+  };
   for (int a = 0; a < size_; ++a)
     for (int b = a + 1; b < size_; ++b)
-      if (config_.connect == "eager" || b == a + 1 || (a == 0 && b == size_ - 1)) pairs.emplace_back(a, b);
+      if (atStart(a, b)) pairs.emplace_back(a, b);
   for (auto& [peer, paths] : qp_->connectAtStart(config_, mesh_, pairs)) {
     if (!paths.report.empty()) discovery_report += "\n  " + paths.report;
     {

@@ -517,7 +517,7 @@ std::map<int, PeerPaths> QpManager::connectPairs(const Config& config, Mesh& mes
         for (const auto& id : splitList(rec.substr(colon + 1, semi - colon - 1))) connected[r].push_back(std::stoi(id));
       at = semi + 1;
     }
-    if (!connected[r].empty()) mesh.transport->awaitAcceptedFrom(r, connected[r], deadline);
+    if (!connected[r].empty()) mesh.transport->awaitAcceptedFrom(r, connected[r], connected[r].size(), deadline);
   }
   for (auto& [peer, pp] : out) {
     const std::vector<int>& conn = connected[peer];
@@ -543,6 +543,7 @@ std::map<int, PeerPaths> QpManager::connectAtStart(const Config& config, Mesh& m
 
 PeerPaths QpManager::connectPair(const Config& config, Mesh& mesh, int peer, Deadline deadline,
                                  const std::atomic<bool>& stop) {
+  if (mesh.discovery != "ttl") return connectPairDirectly(config, mesh, peer, deadline, stop);
   const std::string prefix = strcat("maestro/pair.", std::min(rank_, peer), ".", std::max(rank_, peer), "/");
   // The two ranks alone, by polling: a blocking wait would hold the store
   // client (one connection per process) while other pairs connect beside it.
@@ -579,6 +580,46 @@ PeerPaths QpManager::connectPair(const Config& config, Mesh& mesh, int peer, Dea
     }
     throw;
   }
+}
+
+PeerPaths QpManager::connectPairDirectly(const Config& config, Mesh& mesh, int peer, Deadline deadline,
+                                         const std::atomic<bool>& stop) {
+  // Without discovery there is nothing to agree on: the lower rank opens
+  // path i to the peer's published endpoint i, and the peer takes what
+  // arrives. No store: the rank that hosts it may have left by now (a job's
+  // last operation ends on some ranks before it does on others).
+  PeerPaths out;
+  out.initiator = rank_ < peer;
+  for (int p = 0; p < mesh.paths; ++p) out.ids.push_back(p);
+  out.routes.assign(mesh.paths, "");
+  if (mesh.transport_kind == "tcp")
+    net::reserveDescriptors(mesh.paths + 16, strcat("rank ", peer, "'s ", mesh.paths, " paths"));
+  std::vector<int> up;
+  if (out.initiator) {
+    std::vector<Planned> planned;
+    for (int id : out.ids) planned.push_back({peer, id, 0});
+    std::map<int, std::vector<int>> connected;
+    std::map<int, std::string> errors;
+    connectAll(config, mesh, planned, deadline, &connected, &errors);
+    up = connected[peer];
+    if (up.empty()) fail("cannot reach rank ", peer, " on any of its ", mesh.paths, " paths:", errors[peer]);
+  } else {
+    // The first path comes when the peer asks for the pair too (it may be
+    // late: its side of the operation has not started); the others within
+    // connect_timeout of it, or they start down and their opener retries.
+    for (;;) {
+      if (stop.load()) fail("the group is shutting down");
+      if (Clock::now() >= deadline)
+        fail("timed out waiting for rank ", peer, " to connect: it has not reached an operation with this rank");
+      auto slice = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+      if (!mesh.transport->awaitAcceptedFrom(peer, out.ids, 0, slice).empty()) break;
+    }
+    auto rest = std::min(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                      std::chrono::duration<double>(config.connect_timeout)));
+    up = mesh.transport->awaitAcceptedFrom(peer, out.ids, 1, rest);
+  }
+  for (int id : out.ids) out.up.push_back(std::find(up.begin(), up.end(), id) != up.end());
+  return out;
 }
 
 }  // namespace multipath

@@ -79,9 +79,11 @@ class QpManager {
   // belongs to (under discovery: candidates in rounds, probed, the disjoint
   // ones kept). Returns the paths to each of its peers among them.
   std::map<int, PeerPaths> connectAtStart(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs);
-  // Later, on first use: connect this rank and `peer`, the two of them alone
-  // (the same protocol, through the store under the pair's own keys). Both
-  // ranks call it; it returns early with an error once `stop` is set.
+  // Later, on first use: connect this rank and `peer`, the two of them
+  // alone. Without discovery the lower rank opens the paths and the other
+  // takes them as they come; under discovery, the start-up protocol through
+  // the store under the pair's own keys. Both ranks call it; it returns
+  // early with an error once `stop` is set.
   PeerPaths connectPair(const Config& config, Mesh& mesh, int peer, Deadline deadline,
                         const std::atomic<bool>& stop);
 
@@ -89,6 +91,9 @@ class QpManager {
   // One exchange of records among the ranks of a scope: each publishes its
   // value for `step` and gets every rank's ("" from ranks outside it).
   using Exchange = std::function<std::vector<std::string>(const std::string& step, const std::string& value)>;
+  // connectPair without discovery: no agreement, no store.
+  PeerPaths connectPairDirectly(const Config& config, Mesh& mesh, int peer, Deadline deadline,
+                                const std::atomic<bool>& stop);
   std::map<int, PeerPaths> connectPairs(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs,
                                         const Exchange& exchange, Deadline deadline);
   // Connect every (peer, path, local port) in parallel; returns which

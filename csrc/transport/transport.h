@@ -156,10 +156,12 @@ class Transport {
   virtual void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) = 0;
   // Wait until `count` paths were accepted from peers (or the deadline).
   virtual void awaitAccepted(size_t count, Deadline deadline) = 0;
-  // Wait until every one of `paths` from `peer` was accepted (or the
-  // deadline): a pair connected after start-up, while others may connect
+  // Wait until every one of `paths` from `peer` was accepted, or the
+  // deadline; returns those that were. Throws if fewer than `at_least` were
+  // by then. A pair connected after start-up, while others may connect
   // beside it, waits for its own paths and no count of everyone's.
-  virtual void awaitAcceptedFrom(int peer, const std::vector<int>& paths, Deadline deadline) = 0;
+  virtual std::vector<int> awaitAcceptedFrom(int peer, const std::vector<int>& paths, size_t at_least,
+                                             Deadline deadline) = 0;
   // The endpoints every rank published (endpoints[rank][i], "ip:port"): an
   // accepted path `path` from `rank` must come from the address of
   // endpoints[rank][path % size], the vNIC that rank opens it from. Until

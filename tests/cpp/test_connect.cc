@@ -35,28 +35,38 @@ std::vector<int> sorted(std::vector<int> v) {
   return v;
 }
 
-std::vector<int> neighbours(int r, int n) { return sorted({(r + n - 1) % n, (r + 1) % n}); }
+// The peers a rank connects to at start-up: its ring neighbours and its
+// barrier partners, ranks 2^k apart either way.
+std::vector<int> atStart(int r, int n) {
+  std::vector<int> v;
+  for (int d = 1; d < n; d *= 2)
+    for (int q : {(r + d) % n, (r + n - d % n) % n})
+      if (q != r && std::find(v.begin(), v.end(), q) == v.end()) v.push_back(q);
+  return sorted(v);
+}
 
-TEST(Connect, RingNeighboursAtStartTheRestOnFirstUse) {
+TEST(Connect, RingAndBarrierPartnersAtStartTheRestOnFirstUse) {
   const int n = 6;
   World w(n, twoPaths());
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(neighbours(r, n), sorted(w.engines[r]->activePeers())) << "rank " << r;
-    EXPECT_FALSE(w.engines[r]->connected((r + 3) % n));
+    ASSERT_EQ(atStart(r, n), sorted(w.engines[r]->activePeers())) << "rank " << r;
+    EXPECT_EQ(4u, atStart(r, n).size());
+    EXPECT_FALSE(w.engines[r]->connected((r + 3) % n));  // 3 apart: neither neighbours nor partners
     // Path statistics list the connected peers' paths only.
-    EXPECT_EQ(4u, w.engines[r]->pathStats().size()) << "rank " << r;
+    EXPECT_EQ(8u, w.engines[r]->pathStats().size()) << "rank " << r;
   }
-  // A ring collective needs nothing more.
+  // A ring collective and a barrier need nothing more.
   std::vector<std::vector<float>> data(n, std::vector<float>(10000, 1.0f));
   auto errors = runRanks(n, [&](int r) {
     Window win = registered(*w.engines[r], data[r]);
     allreduce(*w.engines[r], 1, win, data[r].size(), DType::kFloat32, ReduceOp::kSum, after(60));
     w.engines[r]->deregisterMemory(win.region);
+    barrier(*w.engines[r], 2, after(60));
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_EQ("", errorText(errors[r])) << "rank " << r;
     EXPECT_EQ(float(n), data[r][9999]);
-    EXPECT_EQ(neighbours(r, n), sorted(w.engines[r]->activePeers())) << "rank " << r;
+    EXPECT_EQ(atStart(r, n), sorted(w.engines[r]->activePeers())) << "rank " << r;
   }
   // All-to-all writes to every rank: every pair connects, and it is exact.
   const uint64_t count = 3000;  // elements per pair, several chunks each
@@ -72,7 +82,7 @@ TEST(Connect, RingNeighboursAtStartTheRestOnFirstUse) {
       ins.push_back(Window{input.region, q * count * 4});
       outs.push_back(Window{output.region, q * count * 4});
     }
-    alltoall(e, 2, ins, std::vector<uint64_t>(n, count), outs, std::vector<uint64_t>(n, count), DType::kInt32,
+    alltoall(e, 3, ins, std::vector<uint64_t>(n, count), outs, std::vector<uint64_t>(n, count), DType::kInt32,
              after(60));
     e.deregisterMemory(input.region);
     e.deregisterMemory(output.region);
@@ -147,9 +157,9 @@ TEST(Connect, PointToPointBetweenStrangersInEitherOrder) {
 }
 
 // Rank 0 calls the collective with another size. Only its ring neighbours
-// see the mismatch in the handshake; the ranks beyond them have no paths to
-// rank 0 and wait for data from their neighbours. The abort is passed on
-// from rank to rank, so every rank fails with the reason, not the timeout.
+// see the mismatch in the handshake; ranks 3 and 5 have no paths to rank 0
+// and wait for data from their neighbours. The abort is passed on from rank
+// to rank, so every rank fails with the reason, not the timeout.
 TEST(Connect, AnAbortReachesRanksWithoutPathsToItsOrigin) {
   const int n = 8;
   World w(n, twoPaths());
@@ -170,26 +180,29 @@ TEST(Connect, AnAbortReachesRanksWithoutPathsToItsOrigin) {
     EXPECT_NE(std::string::npos, msg.find("different collectives")) << "rank " << r << ": " << msg;
     EXPECT_EQ(std::string::npos, msg.find("timed out")) << "rank " << r << ": " << msg;
     // Nobody connected to rank 0 to be told.
-    if (r != 1 && r != n - 1) EXPECT_FALSE(w.engines[r]->connected(0)) << "rank " << r;
+    if (r == 3 || r == 5) EXPECT_FALSE(w.engines[r]->connected(0)) << "rank " << r;
   }
 }
 
-// Each rank leaves as soon as its barrier returns. A rank may hear its new
-// partner's token before its own token to it has left (it waits for the
-// pair to connect): the barrier returns only once it has, or a process that
-// exits right after would take the token with it.
-TEST(Connect, ABarrierOnNewPairsThenEveryRankLeaves) {
-  for (int round = 0; round < 20; ++round) {
-    const int n = 4;
+// Each rank leaves as soon as its operation returns. A rank may hear its
+// new partner's descriptor before its own descriptor to it has left (it
+// waits for the pair to connect): the operation returns only once it has,
+// or a process that exits right after would take it along.
+TEST(Connect, AnExchangeOnNewPairsThenEveryRankLeaves) {
+  for (int round = 0; round < 10; ++round) {
+    const int n = 6;
     World w(n, twoPaths());
     auto errors = runRanks(n, [&](int r) {
-      barrier(*w.engines[r], 1, after(30));
-      MAESTRO_CHECK(w.engines[r]->awaitQueued(1, Clock::now()), "a token still waits for its pair");
+      // An all-to-all of nothing: the handshake with every rank is all of it.
+      alltoall(*w.engines[r], 1, std::vector<Window>(n), std::vector<uint64_t>(n, 0), std::vector<Window>(n),
+               std::vector<uint64_t>(n, 0), DType::kInt32, after(30));
+      MAESTRO_CHECK(w.engines[r]->awaitQueued(1, Clock::now()), "a descriptor still waits for its pair");
       w.engines[r].reset();
     });
     for (int r = 0; r < n; ++r) ASSERT_EQ("", errorText(errors[r])) << "round " << round << " rank " << r;
   }
 }
+
 }  // namespace
 }  // namespace collectives
 }  // namespace maestro

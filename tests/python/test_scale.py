@@ -1,8 +1,9 @@
 """Groups larger than the lab: 16 and 32 rank processes on this host, 2
 loopback paths each, run every collective exactly; and what a rank holds
 stays O(1) in threads (one event loop drives every path) and, in
-descriptors, the paths to the peers it talks to: its ring neighbours and
-the barrier's log2(n) partners each way -- not the full mesh."""
+descriptors, the paths to the peers it connects at start-up: its ring
+neighbours and the barrier's log2(n) partners each way -- not the full
+mesh (none of these cases needs another pair)."""
 import pytest
 
 import scenarios
@@ -39,8 +40,8 @@ def test_every_collective_at_scale(world, cases):
 
 
 def talks_to(rank, world):
-    """The peers these cases connect a rank to: the ring's neighbours, and the
-    dissemination barrier's partners rank +- 2^k."""
+    """The peers a rank connects to at start-up: the ring's neighbours and the
+    dissemination barrier's partners, rank +- 2^k."""
     peers, dist = set(), 1
     while dist < world:
         peers |= {(rank + dist) % world, (rank - dist) % world}

@@ -435,16 +435,21 @@ void TcpTransport::awaitAccepted(size_t count, Deadline deadline) {
     fail("only ", accepted_, " of ", count, " expected paths were opened by the peers before the timeout");
 }
 
-void TcpTransport::awaitAcceptedFrom(int peer, const std::vector<int>& paths, Deadline deadline) {
+std::vector<int> TcpTransport::awaitAcceptedFrom(int peer, const std::vector<int>& paths, size_t at_least,
+                                                 Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto missing = [&] {
-    std::string m;
+  auto present = [&] {
+    std::vector<int> v;
     for (int path : paths)
-      if (!paths_.count({peer, path})) m += strcat(m.empty() ? "" : ", ", path);
-    return m;
+      if (paths_.count({peer, path})) v.push_back(path);
+    return v;
   };
-  if (!accepted_cv_.wait_until(lock, deadline, [&] { return stopping_ || missing().empty(); }))
-    fail("rank ", peer, " did not open path(s) ", missing(), " to this rank before the timeout");
+  accepted_cv_.wait_until(lock, deadline, [&] { return stopping_ || present().size() == paths.size(); });
+  std::vector<int> got = present();
+  if (got.size() < at_least)
+    fail("rank ", peer, " opened ", got.size(), " of the ", paths.size(), " paths expected to this rank before the "
+         "timeout");
+  return got;
 }
 
 std::shared_ptr<TcpPath> TcpTransport::pathFor(int peer, int path) const {

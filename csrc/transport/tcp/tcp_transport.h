@@ -40,7 +40,8 @@ class TcpTransport : public Transport {
   std::string listen(const std::string& local_addr) override;
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
   void awaitAccepted(size_t count, Deadline deadline) override;
-  void awaitAcceptedFrom(int peer, const std::vector<int>& paths, Deadline deadline) override;
+  std::vector<int> awaitAcceptedFrom(int peer, const std::vector<int>& paths, size_t at_least,
+                                     Deadline deadline) override;
   void expectPeers(const std::vector<std::vector<std::string>>& endpoints) override;
   std::string describePath(int peer, int path) const override;
   PathCounters pathCounters(int peer, int path) const override;

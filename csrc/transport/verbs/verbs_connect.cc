@@ -225,22 +225,25 @@ void VerbsTransport::awaitAccepted(size_t count, Deadline deadline) {
   fail("verbs: only ", accepted_, " of ", count, " expected paths were accepted before the deadline", rejected);
 }
 
-void VerbsTransport::awaitAcceptedFrom(int peer, const std::vector<int>& paths, Deadline deadline) {
+std::vector<int> VerbsTransport::awaitAcceptedFrom(int peer, const std::vector<int>& paths, size_t at_least,
+                                                   Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto missing = [&] {
-    std::string m;
+  auto present = [&] {
+    std::vector<int> v;
     for (int path : paths) {
       auto it = live_.find({peer, path});
-      if (it == live_.end() || it->second == nullptr) m += strcat(m.empty() ? "" : ", ", path);
+      if (it != live_.end() && it->second != nullptr) v.push_back(path);
     }
-    return m;
+    return v;
   };
-  cm_cv_.wait_until(lock, deadline, [&] { return stopping_ || missing().empty(); });
+  cm_cv_.wait_until(lock, deadline, [&] { return stopping_ || present().size() == paths.size(); });
   MAESTRO_CHECK(!stopping_, "verbs: awaitAcceptedFrom: the transport was shut down");
-  if (missing().empty()) return;
+  std::vector<int> got = present();
+  if (got.size() >= at_least) return got;
   std::string rejected;
   for (const std::string& reason : rejections_) rejected += "; rejected " + reason;
-  fail("verbs: rank ", peer, " did not open path(s) ", missing(), " to this rank before the deadline", rejected);
+  fail("verbs: rank ", peer, " opened ", got.size(), " of the ", paths.size(), " paths expected to this rank before "
+       "the deadline", rejected);
 }
 
 // ---- the connection-manager thread --------------------------------------------

@@ -70,7 +70,8 @@ class VerbsTransport final : public Transport {
   std::string listen(const std::string& local_addr) override;
   void connect(const PathSpec& spec, const Hello& hello, Deadline deadline) override;
   void awaitAccepted(size_t count, Deadline deadline) override;
-  void awaitAcceptedFrom(int peer, const std::vector<int>& paths, Deadline deadline) override;
+  std::vector<int> awaitAcceptedFrom(int peer, const std::vector<int>& paths, size_t at_least,
+                                     Deadline deadline) override;
   // From now on a connection request is accepted only from the address its
   // rank published for that path; requests that came earlier (with the
   // right secret) waited for this and are decided now.
