@@ -617,8 +617,9 @@ def sec_footprint(rec, out):
         ax.legend()
     size = rec["data"]["cpu"]["runs"][0]["bytes"] >> 20 if rec["data"]["cpu"]["runs"] else 0
     header = ["ranks"] + [f"{v} {k}" for v in variants for k in ("threads", "fds", "RSS MB", "set-up s")]
-    eager = ("; maestro as it comes connects a rank's ring neighbours at start-up and any other pair on first use, "
-             "maestro-eager (MAESTRO_CONNECT=eager) every pair at start-up" if "maestro-eager" in variants else "")
+    eager = ("; maestro as it comes connects a rank's ring neighbours and barrier partners (2^k ranks away) at "
+             "start-up and any other pair on first use, maestro-eager (MAESTRO_CONNECT=eager) every pair at start-up"
+             if "maestro-eager" in variants else "")
     return ("Footprint and CPU cost per rank (loopback)",
             f"Per rank, after one small allreduce in a fresh group: threads, open file descriptors, resident "
             f"memory (MB, torch included) and set-up time (s, init_process_group to the first allreduce), median "
