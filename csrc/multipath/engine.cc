@@ -33,7 +33,7 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   // arrive as soon as it does. Its paths are set when its pair connects.
   p2p_waiting_.assign(size_, 0);
   for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
-  qp_->open(config_, mesh_, this);
+  qp_->open(mesh_, this);
   // At start-up: the ring's pairs (every ring collective's neighbours) and
   // the barrier's (ranks 2^k apart, both ways: log2(n) partners each way),
   // or every pair (eager). The rest connect when first used. The barrier's
@@ -53,15 +53,6 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
       if (atStart(a, b)) pairs.emplace_back(a, b);
   for (auto& [peer, paths] : qp_->connectAtStart(config_, mesh_, pairs)) {
     if (!paths.report.empty()) discovery_report += "\n  " + paths.report;
-    {
-      Peer& p = *peers_[peer];
-      std::lock_guard<std::mutex> lock(p.mu);
-      p.link = Peer::Link::kConnecting;
-    }
-    {
-      std::lock_guard<std::mutex> lock(active_mu_);
-      active_.push_back(peer);
-    }
     install(peer, paths);
   }
   if (!discovery_report.empty()) MAESTRO_INFO("discovery:", discovery_report);
@@ -92,6 +83,7 @@ void Engine::install(int peer, const PeerPaths& paths) {
       if (static_cast<int>(p.slot_of.size()) <= slot.id) p.slot_of.resize(slot.id + 1, -1);
       p.slot_of[slot.id] = static_cast<int>(i);
     }
+    activate(p);  // connected at start-up: never asked for
     p.link = Peer::Link::kUp;
     if (!p.unreachable) {
       // What was sent while it connected goes now, in order; chunks that
@@ -119,13 +111,16 @@ void Engine::connect(int peer) {
   connectLocked(p);
 }
 
+void Engine::activate(Peer& p) {
+  if (p.link != Peer::Link::kNone) return;
+  p.link = Peer::Link::kConnecting;
+  std::lock_guard<std::mutex> lock(active_mu_);
+  active_.push_back(p.rank);
+}
+
 void Engine::connectLocked(Peer& p) {
   if (p.link != Peer::Link::kNone || p.unreachable || stopping_) return;
-  p.link = Peer::Link::kConnecting;
-  {
-    std::lock_guard<std::mutex> lock(active_mu_);
-    active_.push_back(p.rank);
-  }
+  activate(p);
   MAESTRO_TRACE("connecting to rank ", p.rank, " on first use");
   reapConnecting(false);
   auto finished = std::make_shared<std::atomic<bool>>(false);
@@ -143,8 +138,9 @@ void Engine::connectInBackground(int peer) {
   nameThisThread("maestro-connect");
   const auto started = Clock::now();
   try {
-    const auto now = Clock::now();  // a group without a timeout waits without one
-    const Deadline until = connect_wait_ >= Clock::time_point::max() - now ? Clock::time_point::max() : now + connect_wait_;
+    // A group without a timeout waits without one.
+    const Deadline until =
+        connect_wait_ >= Clock::time_point::max() - started ? Clock::time_point::max() : started + connect_wait_;
     PeerPaths paths = qp_->connectPair(config_, mesh_, peer, until, stopping_);
     install(peer, paths);
     MAESTRO_INFO("connected to rank ", peer, " on first use in ", seconds(Clock::now() - started) * 1000, " ms",

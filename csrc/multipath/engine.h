@@ -295,6 +295,7 @@ class Engine : public transport::CompletionSink {
   // Send abort `seq` (first raised by rank `origin`) to every active peer
   // but `from`.
   void relayAbort(uint64_t seq, uint32_t origin, const std::string& reason, int from);
+  void activate(Peer& peer);                               // peer.mu held: kNone -> kConnecting, in activePeers()
   void connectLocked(Peer& peer);                          // peer.mu held: connect() (no-op once started)
   void install(int peer, const PeerPaths& paths);          // the pair is connected: its paths carry traffic
   void connectInBackground(int peer);                      // a connecting thread's body

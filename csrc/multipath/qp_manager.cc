@@ -281,17 +281,13 @@ void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<P
       outcome[i] = e.what();
     }
   };
-  if (planned.size() == 1) {
-    connectOne(0);
-  } else {
-    std::vector<std::thread> threads;
-    for (size_t t = 0; t < std::min(kConnectThreads, planned.size()); ++t)
-      threads.emplace_back([&] {
-        nameThisThread("maestro-connect");
-        for (size_t i; (i = next++) < planned.size();) connectOne(i);
-      });
-    for (auto& t : threads) t.join();
-  }
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < std::min(kConnectThreads, planned.size()); ++t)
+    threads.emplace_back([&] {
+      nameThisThread("maestro-connect");
+      for (size_t i; (i = next++) < planned.size();) connectOne(i);
+    });
+  for (auto& t : threads) t.join();
   for (size_t i = 0; i < planned.size(); ++i) {
     if (ok[i]) (*connected)[planned[i].peer].push_back(planned[i].path);
     else (*errors)[planned[i].peer] += "\n  " + outcome[i];
@@ -440,8 +436,7 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
   }
 }
 
-void QpManager::open(const Config& config, Mesh& mesh, transport::CompletionSink* sink) {
-  (void)config;
+void QpManager::open(Mesh& mesh, transport::CompletionSink* sink) {
   try {
     mesh.options.sink = sink;
     mesh.transport = transport::makeTransport(mesh.transport_kind, mesh.options);
@@ -483,10 +478,7 @@ std::map<int, PeerPaths> QpManager::connectPairs(const Config& config, Mesh& mes
   if (mesh.discovery == "ttl") {
     discover(config, mesh, pairs, exchange, &out, &ports);
   } else {
-    for (auto& [peer, pp] : out) {
-      for (int p = 0; p < P; ++p) pp.ids.push_back(p);
-      pp.routes.assign(P, "");
-    }
+    for (auto& [peer, pp] : out) pp.plain(P);
   }
   std::vector<Planned> planned;
   for (auto& [peer, pp] : out) {
@@ -524,7 +516,7 @@ std::map<int, PeerPaths> QpManager::connectPairs(const Config& config, Mesh& mes
     if (conn.empty())
       fail("cannot reach rank ", peer, " on any of its ", pp.ids.size(), " paths:",
            errors[peer].empty() ? strcat(" (rank ", peer, " could not connect to us)") : errors[peer]);
-    for (int id : pp.ids) pp.up.push_back(std::find(conn.begin(), conn.end(), id) != conn.end());
+    pp.markUp(conn);
   }
   return out;
 }
@@ -590,8 +582,7 @@ PeerPaths QpManager::connectPairDirectly(const Config& config, Mesh& mesh, int p
   // last operation ends on some ranks before it does on others).
   PeerPaths out;
   out.initiator = rank_ < peer;
-  for (int p = 0; p < mesh.paths; ++p) out.ids.push_back(p);
-  out.routes.assign(mesh.paths, "");
+  out.plain(mesh.paths);
   if (mesh.transport_kind == "tcp")
     net::reserveDescriptors(mesh.paths + 16, strcat("rank ", peer, "'s ", mesh.paths, " paths"));
   std::vector<int> up;
@@ -618,7 +609,7 @@ PeerPaths QpManager::connectPairDirectly(const Config& config, Mesh& mesh, int p
                                                       std::chrono::duration<double>(config.connect_timeout)));
     up = mesh.transport->awaitAcceptedFrom(peer, out.ids, 1, rest);
   }
-  for (int id : out.ids) out.up.push_back(std::find(up.begin(), up.end(), id) != up.end());
+  out.markUp(up);
   return out;
 }
 

@@ -16,6 +16,7 @@
 // waiting for the timeout.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -57,6 +58,16 @@ struct PeerPaths {
   std::vector<std::string> routes;
   bool initiator = false;
   std::string report;  // discovery's findings, for the INFO log ("" without discovery)
+  // Without discovery: path i is transport path i, its route unknown.
+  void plain(int paths) {
+    for (int p = 0; p < paths; ++p) ids.push_back(p);
+    routes.assign(paths, "");
+  }
+  // Which of `ids` are up: those that connected.
+  void markUp(const std::vector<int>& connected) {
+    up.clear();
+    for (int id : ids) up.push_back(std::find(connected.begin(), connected.end(), id) != connected.end());
+  }
 };
 
 // A pair of ranks (lower first) to connect.
@@ -74,7 +85,7 @@ class QpManager {
   Mesh plan(const Config& config, const std::string& rendezvous_host);
   // Create the transport, listen, and exchange every rank's endpoints. No
   // path is opened yet. Completions may reach `sink` as soon as one is.
-  void open(const Config& config, Mesh& mesh, transport::CompletionSink* sink);
+  void open(Mesh& mesh, transport::CompletionSink* sink);
   // At start-up, every rank with the same `pairs`: connect those this rank
   // belongs to (under discovery: candidates in rounds, probed, the disjoint
   // ones kept). Returns the paths to each of its peers among them.
