@@ -97,8 +97,11 @@ def _create_backend(dist_opts, pg_options):
         options = Options(**pg_options).as_dict()
     else:
         raise TypeError(f"pg_options for the maestro backend must be maestro_torch.Options, got {type(pg_options).__name__}")
+    # The default group's ranks of this group's (empty for the default
+    # group): a subgroup sends on the default group's paths.
     return _C.ProcessGroupMaestro(
-        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout, options
+        dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout, options,
+        list(dist_opts.global_ranks_in_group),
     )
 
 

@@ -251,15 +251,44 @@ std::vector<uint64_t> splitCounts(const std::vector<int64_t>& splits, const at::
 
 }  // namespace
 
+namespace {
+
+// The engine of this process's default maestro group: the one whose paths
+// its other groups send on.
+std::mutex default_mu;
+std::weak_ptr<multipath::Engine> default_engine;
+
+multipath::Engine::Parent defaultGroupOf(const std::vector<int64_t>& global_ranks) {
+  if (global_ranks.empty()) return {};  // the default group itself
+  std::lock_guard<std::mutex> lock(default_mu);
+  multipath::Engine::Parent parent{default_engine.lock(), {}};
+  for (int64_t r : global_ranks) parent.ranks.push_back(static_cast<int>(r));
+  return parent;
+}
+
+}  // namespace
+
 ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout,
-                                         const std::map<std::string, std::string>& options)
+                                         const std::map<std::string, std::string>& options,
+                                         const std::vector<int64_t>& global_ranks)
+    : ProcessGroupMaestro(store, rank, size, timeout, options, defaultGroupOf(global_ranks)) {
+  if (global_ranks.empty()) {
+    std::lock_guard<std::mutex> lock(default_mu);
+    default_engine = engine_;
+  }
+}
+
+ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                                         std::chrono::milliseconds timeout,
+                                         const std::map<std::string, std::string>& options,
+                                         multipath::Engine::Parent parent)
     : Backend(rank, size), knobs_(options), timeout_(timeout) {
   // The engine keeps the store: pairs connect through it on first use.
   auto rendezvous = std::make_shared<StoreRendezvous>(store);
   const char* master = std::getenv("MASTER_ADDR");
-  engine_ = std::make_unique<multipath::Engine>(options, std::shared_ptr<Rendezvous>(rendezvous), rank, size,
-                                                deadlineAfter(timeout), master ? master : "");
+  engine_ = std::make_shared<multipath::Engine>(options, std::shared_ptr<Rendezvous>(rendezvous), rank, size,
+                                                deadlineAfter(timeout), master ? master : "", std::move(parent));
   rlimit memlock{};
   if (getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) memlock.rlim_cur = RLIM_INFINITY;
   cache_ = std::make_unique<multipath::RegistrationCache>(
@@ -280,7 +309,8 @@ c10::intrusive_ptr<::c10d::Backend> ProcessGroupMaestro::split(const c10::intrus
   if (me == ranks.end()) return nullptr;
   const auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
   return c10::make_intrusive<ProcessGroupMaestro>(store, static_cast<int>(me - ranks.begin()),
-                                                  static_cast<int>(ranks.size()), timeout, knobs_);
+                                                  static_cast<int>(ranks.size()), timeout, knobs_,
+                                                  multipath::Engine::Parent{live("split"), ranks});
 }
 
 c10::intrusive_ptr<::c10d::Backend::Options> ProcessGroupMaestro::getBackendOptions() {

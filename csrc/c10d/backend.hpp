@@ -34,8 +34,18 @@ namespace c10d_glue {
 
 class ProcessGroupMaestro : public ::c10d::Backend {
  public:
+  // `global_ranks`: the default group's rank of each rank of this group;
+  // empty for the default group itself. A group made on the default
+  // group's ranks sends on the paths the default group opened (each group
+  // on a channel of its own) where its path knobs match and
+  // MAESTRO_SHARE_PATHS is on; it opens none of its own.
   ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-                      std::chrono::milliseconds timeout, const std::map<std::string, std::string>& options);
+                      std::chrono::milliseconds timeout, const std::map<std::string, std::string>& options,
+                      const std::vector<int64_t>& global_ranks = {});
+  // A group on `parent`'s paths, if it can (the engine decides with every rank).
+  ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                      std::chrono::milliseconds timeout, const std::map<std::string, std::string>& options,
+                      multipath::Engine::Parent parent);
   ~ProcessGroupMaestro() override;
 
   const std::string getBackendName() const override { return "maestro"; }
@@ -107,7 +117,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // group bound to a device): the ranks listed (this group's ranks, in the
   // new group's order) form a new maestro group over the store given, with
   // this group's knobs and the options' timeout; a rank not listed gets
-  // nullptr and takes no part. The new group has its own engine and paths.
+  // nullptr and takes no part. The new group has its own engine; it sends
+  // on this group's paths as a group made by new_group does.
   bool supportsSplitting() const override { return true; }
   c10::intrusive_ptr<::c10d::Backend> split(const c10::intrusive_ptr<::c10d::Store>& store,
                                             const std::vector<int>& ranks,
@@ -124,6 +135,9 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   std::string describe() const { return live("describe")->describeSetup(); }
   std::string transportName() const { return live("transport")->transportName(); }
   int paths() const { return live("paths")->paths(); }
+  // The group's channel on the paths it shares with its parent group; 0
+  // where it sends on paths of its own.
+  int channel() const { return static_cast<int>(live("channel")->channel()); }
   std::map<std::string, double> cacheStats() const;
   std::vector<double> chunkTimes(bool clear) { return live("chunk_times")->chunkTimes(clear); }
 

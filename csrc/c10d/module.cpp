@@ -61,10 +61,12 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<ProcessGroupMaestro, ::c10d::Backend, c10::intrusive_ptr<ProcessGroupMaestro>>(m, "ProcessGroupMaestro")
       .def(py::init([](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, const std::map<std::string, std::string>& options) {
-             return c10::make_intrusive<ProcessGroupMaestro>(store, rank, size, timeout, options);
+                       std::chrono::milliseconds timeout, const std::map<std::string, std::string>& options,
+                       const std::vector<int64_t>& global_ranks) {
+             return c10::make_intrusive<ProcessGroupMaestro>(store, rank, size, timeout, options, global_ranks);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("options"),
+           py::arg("global_ranks") = std::vector<int64_t>(),
            py::call_guard<py::gil_scoped_release>())
       .def("path_stats",
            [](const ProcessGroupMaestro& pg) { return maestro::c10d_glue::pathStatsToPython(pg.pathStats()); })
@@ -73,7 +75,9 @@ PYBIND11_MODULE(_C, m) {
       .def("chunk_times", &ProcessGroupMaestro::chunkTimes, py::arg("clear") = false,
            "completion times (post to ACK, seconds) of this rank's most recent chunks")
       .def_property_readonly("transport", &ProcessGroupMaestro::transportName)
-      .def_property_readonly("paths", &ProcessGroupMaestro::paths);
+      .def_property_readonly("paths", &ProcessGroupMaestro::paths)
+      .def_property_readonly("channel", &ProcessGroupMaestro::channel,
+                             "the group's channel on the paths it shares with the default group (0: paths of its own)");
 
   // The torch this module was compiled against (its headers' version): its C++
   // ABI is tied to that release, so maestro_torch refuses to load under another

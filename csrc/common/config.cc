@@ -251,6 +251,11 @@ std::vector<Knob> buildKnobs() {
        "every rank at start-up (a full mesh)",
        true, [](const Config& c) { return c.connect; },
        [](Config& c, const std::string& v) { c.connect = oneOf("MAESTRO_CONNECT", v, {"lazy", "eager"}); }},
+      {"share_paths", "MAESTRO_SHARE_PATHS", "1",
+       "a subgroup (new_group, split_group, DeviceMesh) sends on the paths the process already has to each peer, "
+       "its traffic kept apart by group, where its path knobs match the default group's; 0: it opens its own",
+       true, [](const Config& c) { return std::string(c.share_paths ? "1" : "0"); },
+       [](Config& c, const std::string& v) { c.share_paths = parseBool("MAESTRO_SHARE_PATHS", v); }},
       {"discovery", "MAESTRO_DISCOVERY", "auto",
        "ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own 5-tuple, "
        "keep one per distinct hop (for ECMP-hashed networks); auto: ttl when a probe from some rank towards its "

@@ -44,6 +44,9 @@ struct Config {
   // lazy: ring neighbours and barrier partners at start-up, any other peer
   // on first use | eager: every peer at start-up (a full mesh).
   std::string connect = "lazy";
+  // A subgroup's traffic runs on the paths the process already has to each
+  // peer (its default group's), kept apart by channel; off: it opens its own.
+  bool share_paths = true;
   // off | ttl: find disjoint routes among candidate connections | auto: ttl
   // where a router answers a probe between ranks (the QP manager resolves it
   // to off or ttl at set-up).

@@ -7,16 +7,19 @@
 namespace maestro {
 namespace multipath {
 
-uint32_t chunkCount(uint64_t message_bytes, uint64_t chunk_size) {
+uint64_t messageChunkSize(uint64_t message_bytes, uint64_t chunk_size) {
   MAESTRO_CHECK(chunk_size > 0, "chunk size must be positive");
-  uint64_t n = (message_bytes + chunk_size - 1) / chunk_size;
-  MAESTRO_CHECK(n <= kMaxChunksPerMessage, "a message of ", message_bytes, " bytes needs ", n,
-                " chunks of ", chunk_size, " bytes; at most ", kMaxChunksPerMessage,
-                " are addressable (raise MAESTRO_CHUNK_SIZE)");
-  return static_cast<uint32_t>(n);
+  const uint64_t least = message_bytes / kMaxChunksPerMessage + (message_bytes % kMaxChunksPerMessage != 0);
+  return std::max(chunk_size, least);
+}
+
+uint32_t chunkCount(uint64_t message_bytes, uint64_t chunk_size) {
+  chunk_size = messageChunkSize(message_bytes, chunk_size);
+  return static_cast<uint32_t>((message_bytes + chunk_size - 1) / chunk_size);
 }
 
 ChunkSpan chunkAt(uint64_t message_bytes, uint64_t chunk_size, uint32_t index) {
+  chunk_size = messageChunkSize(message_bytes, chunk_size);
   ChunkSpan c;
   c.index = index;
   c.offset = static_cast<uint64_t>(index) * chunk_size;

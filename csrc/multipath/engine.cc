@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -17,13 +18,70 @@ namespace maestro {
 namespace multipath {
 using namespace detail;
 
+namespace {
+
+// The ranks a group connects to at start-up: its ring's pairs (every ring
+// collective's neighbours) and its barrier's (ranks 2^k apart, both ways:
+// log2(n) partners each way), or every pair (eager). The rest connect when
+// first used. The barrier's are connected at start-up because a barrier is
+// what a job ends with: its ranks leave as soon as they have heard from
+// everyone, the rank that hosts the store among them, and a pair that
+// connected then would have no store.
+std::vector<RankPair> startUpPairs(int size, bool eager) {
+  auto atStart = [&](int a, int b) {
+    if (eager) return true;
+    for (int d = 1; d < size; d *= 2)
+      if ((a + d) % size == b || (b + d) % size == a) return true;
+    return false;
+  };
+  std::vector<RankPair> pairs;
+  for (int a = 0; a < size; ++a)
+    for (int b = a + 1; b < size; ++b)
+      if (atStart(a, b)) pairs.emplace_back(a, b);
+  return pairs;
+}
+
+// Why a group configured `mine` cannot send on paths opened with `theirs`
+// ("" if it can). The knobs that shape the paths must be the same where the
+// group sets them (options or environment); those it leaves at their
+// defaults it takes from the paths' group.
+std::string adoptPathKnobs(const Config& theirs, const Mesh& their_mesh, Config* mine) {
+  if (!mine->share_paths) return "MAESTRO_SHARE_PATHS=0";
+  static const std::set<std::string> kPathKnobs = {"transport", "vnics", "ifname", "paths", "window", "busy_poll",
+                                                   "tcp_congestion", "tcp_single_copy", "discovery", "probe_ttl",
+                                                   "candidates", "connect_timeout"};
+  std::string differ;
+  for (const Knob& k : knobs()) {
+    if (!kPathKnobs.count(k.name)) continue;
+    auto source = mine->provenance.find(k.name);
+    const bool set = source != mine->provenance.end() && source->second.second != "default";
+    std::string there = k.show(theirs);
+    if (std::string(k.name) == "transport") there = their_mesh.transport_kind;  // auto, decided
+    const std::string here = k.show(*mine);
+    const bool decided_here = (std::string(k.name) == "transport" || std::string(k.name) == "discovery") && here == "auto";
+    if (set && here != there && !decided_here) {
+      differ += strcat(differ.empty() ? "" : ", ", k.name, " (", here, " here, ", there, " there)");
+    } else if (!set && std::string(k.name) != "transport") {
+      k.apply(*mine, there);
+    }
+  }
+  return differ.empty() ? std::string() : "its path knobs differ from its parent group's: " + differ;
+}
+
+}  // namespace
+
 Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
-               Deadline setup_deadline, const std::string& rendezvous_host)
+               Deadline setup_deadline, const std::string& rendezvous_host, Parent parent)
     : rank_(rank), size_(size) {
   setLogRank(rank);
   connect_wait_ = setup_deadline == Clock::time_point::max() ? Clock::duration::max() : setup_deadline - Clock::now();
   qp_ = std::make_unique<QpManager>(store, rank, size, setup_deadline);
   config_ = qp_->agreeOnConfig(overrides);
+  if (shareWith(std::move(parent), setup_deadline)) {
+    MAESTRO_INFO(describeSetup());
+    monitor_ = std::thread([this] { monitorLoop(); });
+    return;
+  }
   mesh_ = qp_->plan(config_, rendezvous_host);
   // Every rank agreed on the knobs and the transport, so on this too.
   if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
@@ -33,24 +91,12 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   // arrive as soon as it does. Its paths are set when its pair connects.
   p2p_waiting_.assign(size_, 0);
   for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
-  qp_->open(mesh_, this);
-  // At start-up: the ring's pairs (every ring collective's neighbours) and
-  // the barrier's (ranks 2^k apart, both ways: log2(n) partners each way),
-  // or every pair (eager). The rest connect when first used. The barrier's
-  // are connected now because a barrier is what a job ends with: its ranks
-  // leave as soon as they have heard from everyone, the rank that hosts the
-  // store among them, and a pair that connected then would have no store.
-  std::vector<RankPair> pairs;
+  // Every completion passes the mux: subgroups may share these paths.
+  mux_ = std::make_shared<ChannelMux>(this);
+  qp_->open(mesh_, mux_.get());
+  mux_->setTransport(mesh_.transport.get());
   std::string discovery_report;
-  auto atStart = [&](int a, int b) {
-    if (config_.connect == "eager") return true;
-    for (int d = 1; d < size_; d *= 2)
-      if ((a + d) % size_ == b || (b + d) % size_ == a) return true;
-    return false;
-  };
-  for (int a = 0; a < size_; ++a)
-    for (int b = a + 1; b < size_; ++b)
-      if (atStart(a, b)) pairs.emplace_back(a, b);
+  const std::vector<RankPair> pairs = startUpPairs(size_, config_.connect == "eager");
   for (auto& [peer, paths] : qp_->connectAtStart(config_, mesh_, pairs)) {
     if (!paths.report.empty()) discovery_report += "\n  " + paths.report;
     install(peer, paths);
@@ -62,12 +108,187 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   reconnector_ = std::thread([this] { reconnectLoop(); });
 }
 
+bool Engine::shareWith(Parent parent, Deadline setup_deadline) {
+  // The default group itself (every rank of it has no parent).
+  if (parent.ranks.empty() || !config_.share_paths) return false;
+  // The engine that owns the paths, and each rank's rank there.
+  std::shared_ptr<Engine> root = parent.engine;
+  std::vector<int> ranks = parent.ranks;
+  if (root && root->owner_) {
+    for (int& r : ranks) r = (r >= 0 && r < root->size_) ? root->ranks_[r] : -1;
+    root = root->owner_;
+  }
+  std::string why;
+  uint32_t free = 0;
+  Config adopted = config_;  // taken only if every rank shares
+  if (!root) {
+    why = "no default group in this process";
+  } else if (static_cast<int>(ranks.size()) != size_ || ranks[rank_] != root->rank_ ||
+             std::set<int>(ranks.begin(), ranks.end()).size() != ranks.size() ||
+             *std::min_element(ranks.begin(), ranks.end()) < 0 ||
+             *std::max_element(ranks.begin(), ranks.end()) >= root->size_) {
+    why = "the group's ranks are not its parent group's";
+  } else {
+    why = adoptPathKnobs(root->config_, root->mesh_, &adopted);
+    if (why.empty()) free = root->mux_->freeChannels();
+    if (why.empty() && free == 0) why = strcat("all ", kMaxChannels - 1, " channels are taken by other groups");
+  }
+  // Every rank must share, on one channel free on all of them.
+  uint32_t common = ~0u;
+  std::string first_why;
+  for (const std::string& answer : qp_->allGather("share", strcat(free, " ", why))) {
+    std::istringstream in(answer);
+    uint32_t mask = 0;
+    in >> mask;
+    common &= mask;
+    std::string reason;
+    std::getline(in, reason);
+    if (first_why.empty() && !mask && reason.size() > 1) first_why = reason.substr(1);
+  }
+  if (common == 0) {
+    MAESTRO_INFO("this group opens paths of its own: ", first_why.empty() ? "no channel is free on every rank" : first_why);
+    return false;
+  }
+  uint32_t channel = 1;
+  while (!(common & (1u << channel))) ++channel;
+  config_ = adopted;
+  owner_ = root;
+  mux_ = root->mux_;
+  channel_ = channel;
+  ranks_ = ranks;
+  mesh_.transport = mux_->channelTransport(channel_, ranks_);
+  mesh_.options = root->mesh_.options;
+  mesh_.transport_kind = root->mesh_.transport_kind;
+  mesh_.transport_why = root->mesh_.transport_why;
+  mesh_.congestion_why = root->mesh_.congestion_why;
+  mesh_.vnics = root->mesh_.vnics;
+  mesh_.paths = root->mesh_.paths;
+  mesh_.discovery = root->mesh_.discovery;
+  mesh_.discovery_why = root->mesh_.discovery_why;
+  if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
+  config_.discovery = mesh_.discovery;
+  // Paths are re-opened and hunted by the group that owns them.
+  Config no_hunt = config_;
+  no_hunt.hunt = "off";
+  hunter_ = Hunter(no_hunt);
+  p2p_waiting_.assign(size_, 0);
+  for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
+  MAESTRO_CHECK(mux_->attach(channel_, this, ranks_), "channel ", channel_,
+                " of the shared paths was taken while this group was set up (groups made concurrently?)");
+  // Nobody sends on the channel before every rank listens on it.
+  qp_->allGather("share.attached", "1");
+  for (const RankPair& pair : startUpPairs(size_, config_.connect == "eager")) {
+    if (pair.first == rank_) connect(pair.second);
+    if (pair.second == rank_) connect(pair.first);
+  }
+  // Its start-up pairs are up when the group is, as on paths of its own.
+  for (;;) {
+    const uint64_t seen = eventCount();
+    bool pending = false;
+    for (int peer : activePeers()) {
+      Peer& p = *peers_[peer];
+      std::lock_guard<std::mutex> lock(p.mu);
+      pending = pending || (p.link != Peer::Link::kUp && !p.unreachable);
+    }
+    if (!pending) break;
+    if (!waitEvent(seen, setup_deadline) && Clock::now() >= setup_deadline) {
+      // Left to finish in the background, as a pair connected on first use.
+      MAESTRO_WARN("some start-up pairs of this group are not connected by its deadline");
+      break;
+    }
+  }
+  return true;
+}
+
+bool Engine::pairPaths(int peer, PeerPaths* out) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.link != Peer::Link::kUp) return false;
+  *out = PeerPaths();
+  for (const PathSlot& slot : p.paths) {
+    out->ids.push_back(slot.id);
+    out->up.push_back(slot.up);
+    out->routes.push_back(slot.route);
+  }
+  out->initiator = false;  // a channel never re-opens a path
+  return true;
+}
+
+void Engine::requestPair(int peer) {
+  std::lock_guard<std::mutex> lock(reconnect_mu_);
+  pair_requests_.insert(peer);
+  reconnect_cv_.notify_all();
+}
+
+void Engine::servePairRequests() {
+  std::set<int> asked;
+  {
+    std::lock_guard<std::mutex> lock(reconnect_mu_);
+    asked.swap(pair_requests_);
+  }
+  for (int peer : asked) {
+    connect(peer);
+    Peer& p = *peers_[peer];
+    bool up, failed;
+    std::string error;
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      up = p.link == Peer::Link::kUp;
+      failed = p.unreachable;
+      error = p.error;
+    }
+    // Otherwise install() or the connecting thread tells the channels.
+    if (up) mux_->pairUp(peer);
+    else if (failed) mux_->pairFailed(peer, error);
+  }
+}
+
+void Engine::onPairUp(int peer) {
+  PeerPaths paths;
+  if (!owner_ || !owner_->pairPaths(ranks_[peer], &paths)) return;
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.link != Peer::Link::kConnecting || p.unreachable) return;  // not asked for, or installed
+    installLocked(p, paths);
+  }
+  notify();
+  // A path that failed or came back while this group joined it: its event
+  // found no path here to change.
+  PeerPaths now;
+  if (!owner_->pairPaths(ranks_[peer], &now)) return;
+  for (size_t i = 0; i < now.ids.size() && i < paths.ids.size(); ++i) {
+    if (now.up[i] == paths.up[i]) continue;
+    if (now.up[i]) onPathUp(peer, now.ids[i]);
+    else onPathError(peer, now.ids[i], "it failed while this group joined it");
+  }
+}
+
+void Engine::onPairFailed(int peer, const std::string& why) {
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.link != Peer::Link::kConnecting) return;
+    markUnreachable(p, why);
+  }
+  notify();
+}
+
 // ---------------------------------------------------------------- connections
 
 void Engine::install(int peer, const PeerPaths& paths) {
   Peer& p = *peers_[peer];
   {
     std::lock_guard<std::mutex> lock(p.mu);
+    installLocked(p, paths);
+  }
+  notify();
+  mux_->pairUp(peer);  // groups on channels that asked for it
+}
+
+void Engine::installLocked(Peer& p, const PeerPaths& paths) {
+  const int peer = p.rank;
+  {
     const auto now = Clock::now();
     p.paths.resize(paths.ids.size());
     p.last_heard = now;
@@ -101,7 +322,6 @@ void Engine::install(int peer, const PeerPaths& paths) {
       pumpAll(p);
     }
   }
-  notify();
 }
 
 void Engine::connect(int peer) {
@@ -121,6 +341,10 @@ void Engine::activate(Peer& p) {
 void Engine::connectLocked(Peer& p) {
   if (p.link != Peer::Link::kNone || p.unreachable || stopping_) return;
   activate(p);
+  if (owner_) {  // on shared paths: the owner connects the pair (onPairUp)
+    owner_->requestPair(ranks_[p.rank]);
+    return;
+  }
   MAESTRO_TRACE("connecting to rank ", p.rank, " on first use");
   reapConnecting(false);
   auto finished = std::make_shared<std::atomic<bool>>(false);
@@ -147,11 +371,14 @@ void Engine::connectInBackground(int peer) {
                  paths.report.empty() ? std::string() : "; discovery: " + paths.report);
   } catch (const std::exception& e) {
     Peer& p = *peers_[peer];
+    std::string why;
     {
       std::lock_guard<std::mutex> lock(p.mu);
       markUnreachable(p, strcat("cannot connect to rank ", peer, ": ", e.what()));
+      why = p.error;
     }
     notify();
+    mux_->pairFailed(peer, why);
   }
 }
 
@@ -233,19 +460,25 @@ Engine::~Engine() {
       }
     }
   }
-  if (mesh_.transport) mesh_.transport->shutdown();  // no completion arrives after this
+  // On shared paths, the channel is given back (no completion reaches this
+  // engine after it) and the paths stay: the owner, kept alive until now,
+  // shuts them down when its own group and the last channel are gone.
+  if (owner_) mux_->detach(channel_);
+  else if (mesh_.transport) mesh_.transport->shutdown();  // no completion arrives after this
   std::lock_guard<std::mutex> lock(buffers_mu_);
   for (auto& kv : buffers_) freeBuffer(kv.second);
 }
 
 std::string Engine::describeSetup() const {
   std::ostringstream os;
-  os << "group of " << size_ << " ranks, transport " << mesh_.transport_kind << " (" << mesh_.transport_why
-     << "), " << mesh_.paths << " paths per peer, vNICs ";
+  os << "group of " << size_ << " ranks, ";
+  if (owner_) os << "on the paths of its parent group (shared paths, channel " << channel_ << "), ";
+  os << "transport " << mesh_.transport_kind << " (" << mesh_.transport_why << "), " << mesh_.paths
+     << " paths per peer, vNICs ";
   for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
   os << " from " << mesh_.vnics.source << ", chunks of " << config_.chunk_size << " bytes";
   os << ", discovery " << mesh_.discovery << (mesh_.discovery_why.empty() ? "" : " (" + mesh_.discovery_why + ")");
-  os << ", path hunting " << (hunter_.enabled() ? "on" : "off");
+  os << ", path hunting " << (hunter_.enabled() ? "on" : owner_ ? "by the parent group" : "off");
   if (mesh_.transport_kind == "tcp") os << ", congestion control " << mesh_.congestion_why;
   os << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
   return os.str();
@@ -1132,7 +1365,9 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
         slot.errors--;
         MAESTRO_INFO("path ", path, " to rank ", peer, ": the connection on the old route is retired");
       } else {
-        MAESTRO_WARN("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
+        // On shared paths the group that owns them says it.
+        if (owner_) MAESTRO_INFO("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
+        else MAESTRO_WARN("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
         // The peer may not notice (a blackhole swallows our close) and only
         // the path's opener reconnects: tell it over a live path.
         std::lock_guard<std::mutex> lock(monitor_mu_);

@@ -42,6 +42,7 @@
 
 #include "common/config.h"
 #include "common/rendezvous.h"
+#include "multipath/channel_mux.h"
 #include "multipath/hunter.h"
 #include "multipath/qp_manager.h"
 #include "multipath/reassembler.h"
@@ -127,18 +128,27 @@ class RecvOp {
   int hooks_running_ = 0;  // chunk hooks in progress (peer.mu)
 };
 
-class Engine : public transport::CompletionSink {
+class Engine : public ChannelSink {
  public:
+  // The group a new one is a subgroup of: its rank r is that group's rank
+  // ranks[r]. Empty: none (the default group, or one on paths of its own).
+  struct Parent {
+    std::shared_ptr<Engine> engine;
+    std::vector<int> ranks;
+  };
   // Runs the QP manager: agrees on the config with every rank (Options
   // overrides + environment), then connects the ring neighbours' paths
   // (MAESTRO_CONNECT=eager: every rank's). `store` must outlive the engine:
   // any other pair connects through it when it is first used.
+  // A subgroup (`parent` set) sends on the paths of the parent's process
+  // group where every one of its ranks can (MAESTRO_SHARE_PATHS, the same
+  // path knobs, a free channel): it opens none of its own.
   Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
-         Deadline setup_deadline, const std::string& rendezvous_host = "");
+         Deadline setup_deadline, const std::string& rendezvous_host = "", Parent parent = {});
   // The same, keeping the store for as long as the engine lives.
   Engine(const std::map<std::string, std::string>& overrides, std::shared_ptr<Rendezvous> store, int rank, int size,
-         Deadline setup_deadline, const std::string& rendezvous_host = "")
-      : Engine(overrides, *store, rank, size, setup_deadline, rendezvous_host) {
+         Deadline setup_deadline, const std::string& rendezvous_host = "", Parent parent = {})
+      : Engine(overrides, *store, rank, size, setup_deadline, rendezvous_host, std::move(parent)) {
     store_owner_ = std::move(store);
   }
   ~Engine() override;
@@ -149,6 +159,9 @@ class Engine : public transport::CompletionSink {
   int paths() const { return mesh_.paths; }
   const std::string& transportName() const { return mesh_.transport_kind; }
   transport::Transport& transport() { return *mesh_.transport; }
+  // This group sends on paths another group opened (shared paths): its
+  // channel on them; 0 where the paths are its own.
+  uint32_t channel() const { return channel_; }
 
   // ---- memory ----
   Region registerMemory(void* addr, size_t length) { return mesh_.transport->registerMemory(addr, length); }
@@ -247,6 +260,9 @@ class Engine : public transport::CompletionSink {
   void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
   void onPathError(int peer, int path, const std::string& what) override;
   void onPathUp(int peer, int path) override;
+  // ChannelSink
+  void onPairUp(int peer) override;
+  void onPairFailed(int peer, const std::string& why) override;
 
  private:
   struct PathSlot;
@@ -298,6 +314,17 @@ class Engine : public transport::CompletionSink {
   void activate(Peer& peer);                               // peer.mu held: kNone -> kConnecting, in activePeers()
   void connectLocked(Peer& peer);                          // peer.mu held: connect() (no-op once started)
   void install(int peer, const PeerPaths& paths);          // the pair is connected: its paths carry traffic
+  void installLocked(Peer& p, const PeerPaths& paths);     // peer.mu held
+  // Set-up on the parent's paths, if every rank of the group can; false:
+  // the group opens its own.
+  bool shareWith(Parent parent, Deadline setup_deadline);
+  // Shared paths, the owner's side: the pair towards transport peer
+  // `peer` as a group on a channel should install it (false: not connected).
+  bool pairPaths(int peer, PeerPaths* out);
+  // A group on a channel needs the pair to `peer` (the owner's rank): the
+  // owner connects it (on its reconnect thread) and tells the channels.
+  void requestPair(int peer);
+  void servePairRequests();  // the reconnect thread
   void connectInBackground(int peer);                      // a connecting thread's body
   void reapConnecting(bool all);                           // join connecting threads that finished (all: every one)
 
@@ -305,6 +332,13 @@ class Engine : public transport::CompletionSink {
   const int size_;
   Config config_;
   std::shared_ptr<Rendezvous> store_owner_;  // may be null: the caller keeps the store
+  // The paths' demultiplexer (the owner's). A group on shared paths keeps
+  // the owning engine alive, and its channel there; ranks_[r] is the
+  // owner's rank of its rank r.
+  std::shared_ptr<ChannelMux> mux_;
+  std::shared_ptr<Engine> owner_;
+  uint32_t channel_ = 0;
+  std::vector<int> ranks_;
   std::unique_ptr<QpManager> qp_;
   Mesh mesh_;
   std::vector<std::unique_ptr<Peer>> peers_;
@@ -360,6 +394,7 @@ class Engine : public transport::CompletionSink {
   std::mutex reconnect_mu_;
   std::condition_variable reconnect_cv_;
   std::set<std::pair<int, int>> reconnect_wanted_;  // (peer, transport path) to reopen, reconnect_mu_
+  std::set<int> pair_requests_;                       // peers groups on channels asked for, reconnect_mu_
   std::deque<HuntJob> hunt_jobs_;                     // reconnect_mu_
   // The opener's ports offered to an acceptor, by (peer, transport path),
   // with when (released if no pick comes). Reconnect thread only.

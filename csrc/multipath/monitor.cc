@@ -149,11 +149,14 @@ void Engine::reconnectLoop() {
     std::deque<HuntJob> hunts;
     {
       std::unique_lock<std::mutex> lock(reconnect_mu_);
-      reconnect_cv_.wait(lock, [&] { return stopping_.load() || !reconnect_wanted_.empty() || !hunt_jobs_.empty(); });
+      reconnect_cv_.wait(lock, [&] {
+        return stopping_.load() || !reconnect_wanted_.empty() || !hunt_jobs_.empty() || !pair_requests_.empty();
+      });
       if (stopping_) break;
       batch.swap(reconnect_wanted_);
       hunts.swap(hunt_jobs_);
     }
+    servePairRequests();  // groups on shared paths wait for these
     for (const auto& job : hunts) {
       if (stopping_) break;
       try {

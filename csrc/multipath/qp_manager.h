@@ -97,6 +97,9 @@ class QpManager {
   // early with an error once `stop` is set.
   PeerPaths connectPair(const Config& config, Mesh& mesh, int peer, Deadline deadline,
                         const std::atomic<bool>& stop);
+  // Publish our value for `step` and collect every rank's. Throws with the
+  // message of the first rank that published an error.
+  std::vector<std::string> allGather(const std::string& step, const std::string& value);
 
  private:
   // One exchange of records among the ranks of a scope: each publishes its
@@ -119,9 +122,6 @@ class QpManager {
   // which path (and the core hop of each, in `paths`).
   void discover(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs, const Exchange& exchange,
                 std::map<int, PeerPaths>* paths, std::map<int, std::vector<uint16_t>>* ports);
-  // Publish our value for `step` and collect every rank's. Throws with the
-  // message of the first rank that published an error.
-  std::vector<std::string> allGather(const std::string& step, const std::string& value);
   // discovery=auto: is a router MAESTRO_PROBE_TTL hops out towards our ring
   // neighbour (a probe from each vNIC)? Every rank's answer decides.
   bool routedApart(const Config& config, const Mesh& mesh, std::string* why);

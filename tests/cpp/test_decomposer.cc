@@ -48,17 +48,34 @@ TEST(Decomposer, ChunksCoverEveryMessageExactlyOnce) {
 }
 
 TEST(Decomposer, ImmediateRoundTrips) {
-  for (uint32_t tag : {0u, 1u, 1023u, 4095u})
-    for (uint32_t chunk : {0u, 1u, 77777u, kMaxChunksPerMessage - 1}) {
-      uint32_t imm = encodeImm(tag, chunk);
-      EXPECT_EQ(tag, immTag(imm));
-      EXPECT_EQ(chunk, immChunk(imm));
-    }
+  for (uint32_t channel : {0u, 1u, kMaxChannels - 1})
+    for (uint32_t tag : {0u, 1u, 1023u, 4095u, kUsedTags - 1})
+      for (uint32_t chunk : {0u, 1u, 7777u, kMaxChunksPerMessage - 1}) {
+        const uint32_t imm = withChannel(encodeImm(tag, chunk), channel);
+        EXPECT_EQ(channel, immChannel(imm));
+        EXPECT_EQ(tag, immTag(imm));
+        EXPECT_EQ(chunk, immChunk(imm));
+        EXPECT_EQ(encodeImm(tag, chunk), withChannel(imm, 0));
+      }
 }
 
-TEST(Decomposer, TooManyChunksIsAClearError) {
-  EXPECT_THROW(decompose(static_cast<uint64_t>(kMaxChunksPerMessage) * 4096 + 1, 4096), Error);
-  EXPECT_NO_THROW(chunkCount(static_cast<uint64_t>(kMaxChunksPerMessage) * 4096, 4096));
+TEST(Decomposer, MessagesBeyondTheChunkLimitGetLargerChunks) {
+  const uint64_t most = static_cast<uint64_t>(kMaxChunksPerMessage) * 4096;
+  EXPECT_EQ(4096u, messageChunkSize(most, 4096));
+  EXPECT_EQ(kMaxChunksPerMessage, chunkCount(most, 4096));
+  // One byte more: every chunk grows by one byte, the count stays at the limit.
+  EXPECT_EQ(4097u, messageChunkSize(most + 1, 4096));
+  for (uint64_t bytes : {most + 1, 3 * most + 12345, 1000 * most}) {
+    auto chunks = decompose(bytes, 4096);
+    ASSERT_LE(chunks.size(), kMaxChunksPerMessage);
+    uint64_t at = 0;
+    for (const auto& c : chunks) {
+      ASSERT_EQ(at, c.offset);
+      ASSERT_EQ(c.offset, chunkAt(bytes, 4096, c.index).offset);
+      at += c.length;
+    }
+    EXPECT_EQ(bytes, at);
+  }
 }
 
 }  // namespace

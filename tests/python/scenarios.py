@@ -364,6 +364,67 @@ def split_group(rank, world):
     return out
 
 
+def _sockets() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def shared_paths(rank, world):
+    """Subgroups as a 2 x 2 device mesh makes them (rows and columns, by
+    new_group and by init_device_mesh), each running beside the default group
+    at once: results, channels, and the sockets they add (none)."""
+    import threading
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import maestro_torch
+
+    _init()
+    dist.all_reduce(torch.ones(10))
+    sockets = _sockets()
+    threads = threading.active_count()
+    rows = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    cols = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    row, col = rows[rank // 2], cols[rank % 2]
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    groups = {"world": None, "row": row, "col": col, "dp": mesh.get_group("dp"), "tp": mesh.get_group("tp")}
+    out = {"channels": {k: maestro_torch.backend_of(g).channel for k, g in groups.items()}, "sums": {}}
+    # Every group at once, from threads of its own, several rounds.
+    errors = []
+
+    def run(name, group):
+        try:
+            for i in range(3):
+                t = torch.full((200003,), float(rank + 1 + i))
+                dist.all_reduce(t, group=group)
+                members = dist.get_process_group_ranks(group) if group is not None else range(world)
+                want = sum(m + 1 + i for m in members)
+                if not torch.all(t == want):
+                    errors.append(f"{name} round {i}: {t[:3].tolist()} != {want}")
+            out["sums"][name] = True
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{name}: {type(e).__name__}: {e}")
+
+    runners = [threading.Thread(target=run, args=(k, g)) for k, g in groups.items()]
+    for t in runners:
+        t.start()
+    for t in runners:
+        t.join()
+    out["errors"] = errors
+    out["added_sockets"] = _sockets() - sockets
+    stats = maestro_torch.path_stats(row)
+    out["row_stats"] = sorted({(s["peer"], s["global_peer"], s["state"]) for s in stats})
+    out["describe"] = maestro_torch.backend_of(col).describe()
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
 def info_logging(rank, world):
     # The C++ core writes to fd 2: capture it through a pipe.
     r, w = os.pipe()

@@ -149,6 +149,23 @@ def test_split_group_makes_a_maestro_group_of_the_ranks_listed():
         assert v["world_ok"]
 
 
+def test_subgroups_send_on_the_default_groups_paths():
+    values = ok_values(run_ranks(4, scenarios.shared_paths, timeout=180))
+    for rank, v in enumerate(values):
+        assert not v["errors"], v["errors"]
+        assert set(v["sums"]) == {"world", "row", "col", "dp", "tp"}
+        channels = v["channels"]
+        assert channels["world"] == 0
+        others = [channels[k] for k in ("row", "col", "dp", "tp")]
+        assert all(c > 0 for c in others) and len(set(others)) == 4, channels
+        # Four groups, every pair already connected by the default group.
+        assert v["added_sockets"] == 0, f"rank {rank}: {v['added_sockets']} sockets for its subgroups"
+        other = rank ^ 1
+        assert {(p, g) for p, g, _ in v["row_stats"]} == {(other % 2, other)}, v["row_stats"]
+        assert all(state == "up" for _, _, state in v["row_stats"])
+        assert "on the paths of its parent group (shared paths, channel" in v["describe"]
+
+
 @pytest.mark.parametrize("single_copy", ["auto", "off"])
 def test_each_path_carries_a_fair_share_of_a_large_allreduce(single_copy):
     values = ok_values(run_ranks(2, scenarios.path_share, single_copy, timeout=180))
