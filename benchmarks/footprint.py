@@ -15,6 +15,10 @@ small allreduce. CPU: both backends' groups in the same processes, 64 MiB
 allreduces timed alternately in rounds; getrusage of each process (all its
 threads) over each backend's loop, summed over the ranks, per GB of tensor
 reduced; maestro runs with its defaults (4 loopback paths).
+Subgroups: what the groups of a 2-D DeviceMesh (init_device_mesh, world/4 x 4:
+each rank in a row and a column group) add to a rank after one allreduce in
+each -- maestro as it comes (its subgroups on the default group's paths),
+with MAESTRO_SHARE_PATHS=0 (each subgroup on paths of its own), and gloo.
 
 The rank side runs under torch.distributed.run: footprint.py rank ARGS.
 """
@@ -37,6 +41,10 @@ BACKENDS = ("maestro", "gloo")
 VARIANTS = {"maestro": {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2"},
             "maestro-eager": {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2", "MAESTRO_CONNECT": "eager"},
             "gloo": {}}
+# The subgroups part's variants.
+MESH_VARIANTS = {"maestro": {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2"},
+                 "maestro-own": {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2", "MAESTRO_SHARE_PATHS": "0"},
+                 "gloo": {}}
 
 
 # ---------------------------------------------------------------- rank side
@@ -68,6 +76,29 @@ def rank_footprint(variant: str) -> None:
     dist.all_gather_object(rows, mine)
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps({"backend": variant, "world": dist.get_world_size(), "ranks": rows}), flush=True)
+    dist.destroy_process_group()
+
+
+def rank_mesh(variant: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group(variant.split("-")[0])
+    dist.all_reduce(torch.ones(1024))
+    n = dist.get_world_size()
+    before = {"threads": _proc_status("Threads"), "fds": len(os.listdir("/proc/self/fd"))}
+    t0 = time.perf_counter()
+    mesh = init_device_mesh("cpu", (n // 4, 4), mesh_dim_names=("rows", "cols"))
+    for dim in ("rows", "cols"):
+        dist.all_reduce(torch.ones(1024), group=mesh.get_group(dim))
+    setup = time.perf_counter() - t0
+    mine = {"setup_s": setup, "threads_added": _proc_status("Threads") - before["threads"],
+            "fds_added": len(os.listdir("/proc/self/fd")) - before["fds"]}
+    rows = [None] * n
+    dist.all_gather_object(rows, mine)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"backend": variant, "world": n, "ranks": rows}), flush=True)
     dist.destroy_process_group()
 
 
@@ -133,6 +164,19 @@ def footprint(worlds: list[int], trials: int) -> dict:
     return {"paths": 2, "worlds": worlds, "trials": trials, "runs": runs}
 
 
+def subgroups(worlds: list[int], trials: int) -> dict:
+    runs = []
+    for trial in range(trials):
+        for world in worlds:
+            for backend, env in MESH_VARIANTS.items():
+                rec = launch(world, ["mesh", backend], env)
+                rec["trial"] = trial
+                runs.append(rec)
+                print(f"subgroups: {backend} x{world} trial {trial}: fds added "
+                      f"{max(r['fds_added'] for r in rec['ranks'])}", file=sys.stderr, flush=True)
+    return {"paths": 2, "worlds": worlds, "trials": trials, "runs": runs}
+
+
 def cpu_cost(worlds: list[int], size: int, rounds: int, iters: int) -> dict:
     out = []
     for world in worlds:
@@ -147,14 +191,15 @@ def cpu_cost(worlds: list[int], size: int, rounds: int, iters: int) -> dict:
 def measure(quick: bool) -> dict:
     """Both parts, as the suite records them."""
     if quick:
-        return {"footprint": footprint([2, 4], 1), "cpu": cpu_cost([2], 16 << 20, 2, 2)}
-    return {"footprint": footprint([2, 4, 8, 16, 32], 3), "cpu": cpu_cost([2, 4], 64 << 20, 5, 3)}
+        return {"footprint": footprint([2, 4], 1), "subgroups": subgroups([4], 1), "cpu": cpu_cost([2], 16 << 20, 2, 2)}
+    return {"footprint": footprint([2, 4, 8, 16, 32], 3), "subgroups": subgroups([8, 16], 3),
+            "cpu": cpu_cost([2, 4], 64 << 20, 5, 3)}
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "rank":
         ap = argparse.ArgumentParser()
-        ap.add_argument("what", choices=["footprint", "cpu"])
+        ap.add_argument("what", choices=["footprint", "mesh", "cpu"])
         ap.add_argument("backend", nargs="?")
         ap.add_argument("--size", type=int, default=64 << 20)
         ap.add_argument("--rounds", type=int, default=5)
@@ -162,6 +207,8 @@ def main() -> int:
         a = ap.parse_args(sys.argv[2:])
         if a.what == "footprint":
             rank_footprint(a.backend)
+        elif a.what == "mesh":
+            rank_mesh(a.backend)
         else:
             rank_cpu(a.size, a.rounds, a.iters)
         return 0

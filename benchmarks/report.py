@@ -629,7 +629,33 @@ def sec_footprint(rec, out):
             + f"\n\nAllreduce of {size} MiB on this host (maestro's defaults: 4 loopback paths), both groups in the "
               f"same processes, timed alternately: busbw median (min-max) over the rounds, and CPU seconds (user + "
               f"system, every thread of every rank) per GB of tensor reduced.\n\n"
-            + footprint_cpu_table(rec) + "\n\n" + save(fig, out, "footprint"))
+            + footprint_cpu_table(rec) + "\n\n" + footprint_subgroups(rec) + save(fig, out, "footprint"))
+
+
+def footprint_subgroups(rec: dict) -> str:
+    """What a 2-D DeviceMesh's row and column groups add to a rank, where the
+    record has it."""
+    sg = rec["data"].get("subgroups")
+    if not sg:
+        return ""
+    variants = [v for v in ("maestro", "maestro-own", "gloo") if any(r["backend"] == v for r in sg["runs"])]
+    rows = []
+    for world in sg["worlds"]:
+        row = [f"{world} ({world // 4} x 4)"]
+        for backend in variants:
+            ranks = [x for r in sg["runs"] if r["world"] == world and r["backend"] == backend for x in r["ranks"]]
+            for key, fmt in (("fds_added", "{:.0f}"), ("threads_added", "{:.0f}"), ("setup_s", "{:.2f}")):
+                vals = [x[key] for x in ranks]
+                row.append(spread_cell(statistics.median(vals), vals, fmt))
+        rows.append(row)
+    header = ["ranks (mesh)"] + [f"{v} {k}" for v in variants for k in ("+fds", "+threads", "set-up s")]
+    return (f"Subgroups: what the two groups of a 2-D DeviceMesh (`init_device_mesh(\"cpu\", (n/4, 4))`: each "
+            f"rank in a row and a column group) add to a rank once each has run an allreduce, median (min-max) over "
+            f"every rank of {sg['trials']} interleaved launches, {sg['paths']} paths per peer. maestro as it comes "
+            f"runs its subgroups on the default group's paths (a descriptor is added only where a subgroup needs a "
+            f"pair the default group had not connected); maestro-own (MAESTRO_SHARE_PATHS=0) gives each subgroup "
+            f"paths of its own. Set-up: from init_device_mesh to the end of the last subgroup's allreduce.\n\n"
+            + table(header, rows) + "\n\n")
 
 
 def footprint_cpu_table(rec: dict) -> str:
@@ -883,6 +909,9 @@ def sanity(recs: dict) -> list[str]:
                     for x in r["ranks"]:
                         positive(name, f"{r['backend']} x{r['world']} threads", x["threads"])
                         positive(name, f"{r['backend']} x{r['world']} set-up", x["setup_s"])
+                for r in d.get("subgroups", {}).get("runs", []):
+                    for x in r["ranks"]:
+                        positive(name, f"subgroups {r['backend']} x{r['world']} set-up", x["setup_s"])
                 for run in d["cpu"]["runs"]:
                     for b, rounds in run["backends"].items():
                         for r in rounds:
