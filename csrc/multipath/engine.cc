@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <iomanip>
-#include <set>
 #include <sstream>
 
 #include "common/error.h"
@@ -18,57 +17,6 @@ namespace maestro {
 namespace multipath {
 using namespace detail;
 
-namespace {
-
-// The ranks a group connects to at start-up: its ring's pairs (every ring
-// collective's neighbours) and its barrier's (ranks 2^k apart, both ways:
-// log2(n) partners each way), or every pair (eager). The rest connect when
-// first used. The barrier's are connected at start-up because a barrier is
-// what a job ends with: its ranks leave as soon as they have heard from
-// everyone, the rank that hosts the store among them, and a pair that
-// connected then would have no store.
-std::vector<RankPair> startUpPairs(int size, bool eager) {
-  auto atStart = [&](int a, int b) {
-    if (eager) return true;
-    for (int d = 1; d < size; d *= 2)
-      if ((a + d) % size == b || (b + d) % size == a) return true;
-    return false;
-  };
-  std::vector<RankPair> pairs;
-  for (int a = 0; a < size; ++a)
-    for (int b = a + 1; b < size; ++b)
-      if (atStart(a, b)) pairs.emplace_back(a, b);
-  return pairs;
-}
-
-// Why a group configured `mine` cannot send on paths opened with `theirs`
-// ("" if it can). The knobs that shape the paths must be the same where the
-// group sets them (options or environment); those it leaves at their
-// defaults it takes from the paths' group.
-std::string adoptPathKnobs(const Config& theirs, const Mesh& their_mesh, Config* mine) {
-  if (!mine->share_paths) return "MAESTRO_SHARE_PATHS=0";
-  static const std::set<std::string> kPathKnobs = {"transport", "vnics", "ifname", "paths", "window", "busy_poll",
-                                                   "tcp_congestion", "tcp_single_copy", "discovery", "probe_ttl",
-                                                   "candidates", "connect_timeout"};
-  std::string differ;
-  for (const Knob& k : knobs()) {
-    if (!kPathKnobs.count(k.name)) continue;
-    auto source = mine->provenance.find(k.name);
-    const bool set = source != mine->provenance.end() && source->second.second != "default";
-    std::string there = k.show(theirs);
-    if (std::string(k.name) == "transport") there = their_mesh.transport_kind;  // auto, decided
-    const std::string here = k.show(*mine);
-    const bool decided_here = (std::string(k.name) == "transport" || std::string(k.name) == "discovery") && here == "auto";
-    if (set && here != there && !decided_here) {
-      differ += strcat(differ.empty() ? "" : ", ", k.name, " (", here, " here, ", there, " there)");
-    } else if (!set && std::string(k.name) != "transport") {
-      k.apply(*mine, there);
-    }
-  }
-  return differ.empty() ? std::string() : "its path knobs differ from its parent group's: " + differ;
-}
-
-}  // namespace
 
 Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
                Deadline setup_deadline, const std::string& rendezvous_host, Parent parent)
@@ -79,7 +27,8 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   config_ = qp_->agreeOnConfig(overrides);
   if (shareWith(std::move(parent), setup_deadline)) {
     MAESTRO_INFO(describeSetup());
-    monitor_ = std::thread([this] { monitorLoop(); });
+    std::lock_guard<std::mutex> lock(owner_->channels_mu_);
+    owner_->channels_.push_back(this);  // its monitor ticks this engine's paths too
     return;
   }
   mesh_ = qp_->plan(config_, rendezvous_host);
@@ -96,7 +45,7 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   qp_->open(mesh_, mux_.get());
   mux_->setTransport(mesh_.transport.get());
   std::string discovery_report;
-  const std::vector<RankPair> pairs = startUpPairs(size_, config_.connect == "eager");
+  const std::vector<RankPair> pairs = QpManager::startUpPairs(size_, config_.connect == "eager");
   for (auto& [peer, paths] : qp_->connectAtStart(config_, mesh_, pairs)) {
     if (!paths.report.empty()) discovery_report += "\n  " + paths.report;
     install(peer, paths);
@@ -108,329 +57,11 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   reconnector_ = std::thread([this] { reconnectLoop(); });
 }
 
-bool Engine::shareWith(Parent parent, Deadline setup_deadline) {
-  // The default group itself (every rank of it has no parent).
-  if (parent.ranks.empty() || !config_.share_paths) return false;
-  // The engine that owns the paths, and each rank's rank there.
-  std::shared_ptr<Engine> root = parent.engine;
-  std::vector<int> ranks = parent.ranks;
-  if (root && root->owner_) {
-    for (int& r : ranks) r = (r >= 0 && r < root->size_) ? root->ranks_[r] : -1;
-    root = root->owner_;
-  }
-  std::string why;
-  uint32_t free = 0;
-  Config adopted = config_;  // taken only if every rank shares
-  if (!root) {
-    why = "no default group in this process";
-  } else if (static_cast<int>(ranks.size()) != size_ || ranks[rank_] != root->rank_ ||
-             std::set<int>(ranks.begin(), ranks.end()).size() != ranks.size() ||
-             *std::min_element(ranks.begin(), ranks.end()) < 0 ||
-             *std::max_element(ranks.begin(), ranks.end()) >= root->size_) {
-    why = "the group's ranks are not its parent group's";
-  } else {
-    why = adoptPathKnobs(root->config_, root->mesh_, &adopted);
-    if (why.empty()) free = root->mux_->freeChannels();
-    if (why.empty() && free == 0) why = strcat("all ", kMaxChannels - 1, " channels are taken by other groups");
-  }
-  // Every rank must share, on one channel free on all of them.
-  uint32_t common = ~0u;
-  std::string first_why;
-  for (const std::string& answer : qp_->allGather("share", strcat(free, " ", why))) {
-    std::istringstream in(answer);
-    uint32_t mask = 0;
-    in >> mask;
-    common &= mask;
-    std::string reason;
-    std::getline(in, reason);
-    if (first_why.empty() && !mask && reason.size() > 1) first_why = reason.substr(1);
-  }
-  if (common == 0) {
-    MAESTRO_INFO("this group opens paths of its own: ", first_why.empty() ? "no channel is free on every rank" : first_why);
-    return false;
-  }
-  uint32_t channel = 1;
-  while (!(common & (1u << channel))) ++channel;
-  config_ = adopted;
-  owner_ = root;
-  mux_ = root->mux_;
-  channel_ = channel;
-  ranks_ = ranks;
-  mesh_.transport = mux_->channelTransport(channel_, ranks_);
-  mesh_.options = root->mesh_.options;
-  mesh_.transport_kind = root->mesh_.transport_kind;
-  mesh_.transport_why = root->mesh_.transport_why;
-  mesh_.congestion_why = root->mesh_.congestion_why;
-  mesh_.vnics = root->mesh_.vnics;
-  mesh_.paths = root->mesh_.paths;
-  mesh_.discovery = root->mesh_.discovery;
-  mesh_.discovery_why = root->mesh_.discovery_why;
-  if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
-  config_.discovery = mesh_.discovery;
-  // Paths are re-opened and hunted by the group that owns them.
-  Config no_hunt = config_;
-  no_hunt.hunt = "off";
-  hunter_ = Hunter(no_hunt);
-  p2p_waiting_.assign(size_, 0);
-  for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
-  MAESTRO_CHECK(mux_->attach(channel_, this, ranks_), "channel ", channel_,
-                " of the shared paths was taken while this group was set up (groups made concurrently?)");
-  // Nobody sends on the channel before every rank listens on it.
-  qp_->allGather("share.attached", "1");
-  for (const RankPair& pair : startUpPairs(size_, config_.connect == "eager")) {
-    if (pair.first == rank_) connect(pair.second);
-    if (pair.second == rank_) connect(pair.first);
-  }
-  // Its start-up pairs are up when the group is, as on paths of its own.
-  for (;;) {
-    const uint64_t seen = eventCount();
-    bool pending = false;
-    for (int peer : activePeers()) {
-      Peer& p = *peers_[peer];
-      std::lock_guard<std::mutex> lock(p.mu);
-      pending = pending || (p.link != Peer::Link::kUp && !p.unreachable);
-    }
-    if (!pending) break;
-    if (!waitEvent(seen, setup_deadline) && Clock::now() >= setup_deadline) {
-      // Left to finish in the background, as a pair connected on first use.
-      MAESTRO_WARN("some start-up pairs of this group are not connected by its deadline");
-      break;
-    }
-  }
-  return true;
-}
-
-bool Engine::pairPaths(int peer, PeerPaths* out) {
-  Peer& p = *peers_[peer];
-  std::lock_guard<std::mutex> lock(p.mu);
-  if (p.link != Peer::Link::kUp) return false;
-  *out = PeerPaths();
-  for (const PathSlot& slot : p.paths) {
-    out->ids.push_back(slot.id);
-    out->up.push_back(slot.up);
-    out->routes.push_back(slot.route);
-  }
-  out->initiator = false;  // a channel never re-opens a path
-  return true;
-}
-
-void Engine::requestPair(int peer) {
-  std::lock_guard<std::mutex> lock(reconnect_mu_);
-  pair_requests_.insert(peer);
-  reconnect_cv_.notify_all();
-}
-
-void Engine::servePairRequests() {
-  std::set<int> asked;
-  {
-    std::lock_guard<std::mutex> lock(reconnect_mu_);
-    asked.swap(pair_requests_);
-  }
-  for (int peer : asked) {
-    connect(peer);
-    Peer& p = *peers_[peer];
-    bool up, failed;
-    std::string error;
-    {
-      std::lock_guard<std::mutex> lock(p.mu);
-      up = p.link == Peer::Link::kUp;
-      failed = p.unreachable;
-      error = p.error;
-    }
-    // Otherwise install() or the connecting thread tells the channels.
-    if (up) mux_->pairUp(peer);
-    else if (failed) mux_->pairFailed(peer, error);
-  }
-}
-
-void Engine::onPairUp(int peer) {
-  PeerPaths paths;
-  if (!owner_ || !owner_->pairPaths(ranks_[peer], &paths)) return;
-  Peer& p = *peers_[peer];
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (p.link != Peer::Link::kConnecting || p.unreachable) return;  // not asked for, or installed
-    installLocked(p, paths);
-  }
-  notify();
-  // A path that failed or came back while this group joined it: its event
-  // found no path here to change.
-  PeerPaths now;
-  if (!owner_->pairPaths(ranks_[peer], &now)) return;
-  for (size_t i = 0; i < now.ids.size() && i < paths.ids.size(); ++i) {
-    if (now.up[i] == paths.up[i]) continue;
-    if (now.up[i]) onPathUp(peer, now.ids[i]);
-    else onPathError(peer, now.ids[i], "it failed while this group joined it");
-  }
-}
-
-void Engine::onPairFailed(int peer, const std::string& why) {
-  Peer& p = *peers_[peer];
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (p.link != Peer::Link::kConnecting) return;
-    markUnreachable(p, why);
-  }
-  notify();
-}
-
-// ---------------------------------------------------------------- connections
-
-void Engine::install(int peer, const PeerPaths& paths) {
-  Peer& p = *peers_[peer];
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    installLocked(p, paths);
-  }
-  notify();
-  mux_->pairUp(peer);  // groups on channels that asked for it
-}
-
-void Engine::installLocked(Peer& p, const PeerPaths& paths) {
-  const int peer = p.rank;
-  {
-    const auto now = Clock::now();
-    p.paths.resize(paths.ids.size());
-    p.last_heard = now;
-    for (size_t i = 0; i < paths.ids.size(); ++i) {
-      PathSlot& slot = p.paths[i];
-      slot.id = paths.ids[i];
-      slot.initiated = paths.initiator;
-      slot.up = paths.up[i];
-      slot.route = paths.routes[i];
-      slot.last_progress = now;
-      slot.description = mesh_.transport->describePath(peer, slot.id);
-      if (!slot.up) slot.last_error = "did not connect (retried in the background)";
-      if (static_cast<int>(p.slot_of.size()) <= slot.id) p.slot_of.resize(slot.id + 1, -1);
-      p.slot_of[slot.id] = static_cast<int>(i);
-    }
-    activate(p);  // connected at start-up: never asked for
-    p.link = Peer::Link::kUp;
-    if (!p.unreachable) {
-      // What was sent while it connected goes now, in order; chunks that
-      // waited for paths are assigned to them.
-      std::vector<std::pair<std::vector<uint8_t>, bool>> waiting;
-      waiting.swap(p.waiting_control);
-      try {
-        for (auto& [msg, reliable] : waiting) postControl(p, std::move(msg), reliable);
-      } catch (const Error&) {
-        // No path up: the peer is unreachable (postControl said why).
-      }
-      std::deque<ChunkDesc*> waiting_chunks;
-      waiting_chunks.swap(p.shared);
-      for (ChunkDesc* c : waiting_chunks) enqueue(p, c);
-      pumpAll(p);
-    }
-  }
-}
-
-void Engine::connect(int peer) {
-  MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
-  Peer& p = *peers_[peer];
-  std::lock_guard<std::mutex> lock(p.mu);
-  connectLocked(p);
-}
-
-void Engine::activate(Peer& p) {
-  if (p.link != Peer::Link::kNone) return;
-  p.link = Peer::Link::kConnecting;
-  std::lock_guard<std::mutex> lock(active_mu_);
-  active_.push_back(p.rank);
-}
-
-void Engine::connectLocked(Peer& p) {
-  if (p.link != Peer::Link::kNone || p.unreachable || stopping_) return;
-  activate(p);
-  if (owner_) {  // on shared paths: the owner connects the pair (onPairUp)
-    owner_->requestPair(ranks_[p.rank]);
-    return;
-  }
-  MAESTRO_TRACE("connecting to rank ", p.rank, " on first use");
-  reapConnecting(false);
-  auto finished = std::make_shared<std::atomic<bool>>(false);
-  const int peer = p.rank;
-  std::lock_guard<std::mutex> lock(connecting_mu_);
-  connecting_.push_back({std::thread([this, peer, finished] {
-                           connectInBackground(peer);
-                           finished->store(true);
-                         }),
-                         finished});
-}
-
-void Engine::connectInBackground(int peer) {
-  setLogRank(rank_);
-  nameThisThread("maestro-connect");
-  const auto started = Clock::now();
-  try {
-    // A group without a timeout waits without one.
-    const Deadline until =
-        connect_wait_ >= Clock::time_point::max() - started ? Clock::time_point::max() : started + connect_wait_;
-    PeerPaths paths = qp_->connectPair(config_, mesh_, peer, until, stopping_);
-    install(peer, paths);
-    MAESTRO_INFO("connected to rank ", peer, " on first use in ", seconds(Clock::now() - started) * 1000, " ms",
-                 paths.report.empty() ? std::string() : "; discovery: " + paths.report);
-  } catch (const std::exception& e) {
-    Peer& p = *peers_[peer];
-    std::string why;
-    {
-      std::lock_guard<std::mutex> lock(p.mu);
-      markUnreachable(p, strcat("cannot connect to rank ", peer, ": ", e.what()));
-      why = p.error;
-    }
-    notify();
-    mux_->pairFailed(peer, why);
-  }
-}
-
-void Engine::reapConnecting(bool all) {
-  std::vector<std::thread> done;
-  {
-    std::lock_guard<std::mutex> lock(connecting_mu_);
-    for (auto it = connecting_.begin(); it != connecting_.end();) {
-      if (all || it->finished->load()) {
-        done.push_back(std::move(it->thread));
-        it = connecting_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto& t : done) t.join();
-}
-
-bool Engine::connected(int peer) {
-  Peer& p = *peers_[peer];
-  std::lock_guard<std::mutex> lock(p.mu);
-  return p.link == Peer::Link::kUp;
-}
-
-bool Engine::awaitQueued(uint64_t seq, Deadline deadline) {
-  auto queued = [&] {
-    for (int peer : activePeers()) {
-      Peer& p = *peers_[peer];
-      std::lock_guard<std::mutex> lock(p.mu);
-      if (p.unreachable) continue;
-      for (const auto& m : p.waiting_control) {
-        ControlHeader h;
-        std::memcpy(&h, m.first.data(), sizeof h);
-        if (h.seq == seq && static_cast<ControlType>(h.type) != ControlType::kAbort) return true;
-      }
-    }
-    return false;
-  };
-  for (;;) {
-    uint64_t seen = eventCount();
-    if (!queued()) return true;
-    if (!waitEvent(seen, deadline) && Clock::now() >= deadline) return false;
-  }
-}
-
-std::vector<int> Engine::activePeers() const {
-  std::lock_guard<std::mutex> lock(active_mu_);
-  return active_;
-}
-
 Engine::~Engine() {
+  if (owner_) {  // no monitor tick of the owner's reaches this engine after this
+    std::lock_guard<std::mutex> lock(owner_->channels_mu_);
+    owner_->channels_.erase(std::find(owner_->channels_.begin(), owner_->channels_.end(), this));
+  }
   stopping_ = true;
   monitor_cv_.notify_all();
   {

@@ -20,6 +20,10 @@
 //             elsewhere.
 //   hunting   (hunting.cc) a path that stays slow against its siblings is
 //             re-opened on another core route.
+//   connections (connections.cc) a pair connects at start-up or on first
+//             use; what was sent meanwhile goes once its paths are up.
+//   sharing   (shared_paths.cc) a subgroup sends on its parent group's
+//             paths, on a channel of its own (channel_mux.h).
 //
 // Threads: transport threads deliver completions (CompletionSink); one
 // collective thread drives write()/expect() and sleeps in waitEvent(), which
@@ -285,6 +289,7 @@ class Engine : public ChannelSink {
   void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
   void monitorLoop();
+  void monitorTick();  // one look at every active peer's paths
   void monitorPeer(int peer, Clock::time_point now, bool probe);
   void reconnectLoop();
   void reconnectPath(int peer, int transport_path, Clock::time_point until);
@@ -318,6 +323,7 @@ class Engine : public ChannelSink {
   // Set-up on the parent's paths, if every rank of the group can; false:
   // the group opens its own.
   bool shareWith(Parent parent, Deadline setup_deadline);
+  void joinChannel(Deadline setup_deadline);  // shareWith, once attached: start-up pairs
   // Shared paths, the owner's side: the pair towards transport peer
   // `peer` as a group on a channel should install it (false: not connected).
   bool pairPaths(int peer, PeerPaths* out);
@@ -391,6 +397,11 @@ class Engine : public ChannelSink {
   std::condition_variable monitor_cv_;
   std::vector<std::pair<int, int>> down_notices_;  // (peer, transport path) to report, monitor_mu_
   std::thread monitor_;
+  Clock::time_point last_probe_ = Clock::now();  // the monitor's last probe round
+  // Groups on this engine's paths (shared paths): its monitor thread ticks
+  // theirs too, so a subgroup costs no monitor thread of its own.
+  std::mutex channels_mu_;
+  std::vector<Engine*> channels_;
   std::mutex reconnect_mu_;
   std::condition_variable reconnect_cv_;
   std::set<std::pair<int, int>> reconnect_wanted_;  // (peer, transport path) to reopen, reconnect_mu_

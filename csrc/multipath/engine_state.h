@@ -1,7 +1,8 @@
 // The engine's per-peer and per-path state, shared by the files that
 // implement Engine: engine.cc (sending, receiving, control, failover),
-// monitor.cc (the path monitor) and hunting.cc (path hunting). Internal: no
-// other file includes it.
+// monitor.cc (the path monitor), hunting.cc (path hunting), connections.cc
+// (pairs connected at start-up or on first use) and shared_paths.cc
+// (subgroups on their parent's paths). Internal: no other file includes it.
 #pragma once
 
 #include <chrono>

@@ -22,32 +22,41 @@ void Engine::monitorLoop() {
   setLogRank(rank_);
   nameThisThread("maestro-monitor");
   const auto tick = std::chrono::duration<double>(std::min(config_.probe_interval, config_.path_timeout / 4));
-  auto last_probe = Clock::now();
   while (!stopping_) {
-    std::vector<std::pair<int, int>> notices;
     {
       std::unique_lock<std::mutex> lock(monitor_mu_);
       monitor_cv_.wait_for(lock, tick, [&] { return stopping_.load() || !down_notices_.empty(); });
-      notices.swap(down_notices_);
     }
     if (stopping_) break;
-    for (const auto& n : notices) {
-      try {
-        sendControl(n.first, ControlType::kPathDown, 0, static_cast<uint32_t>(n.second));
-      } catch (const Error&) {
-        // No live path to that peer: nothing to tell it over.
-      }
+    monitorTick();
+    // The groups on these paths, on the same thread and tick.
+    std::lock_guard<std::mutex> lock(channels_mu_);
+    for (Engine* channel : channels_) channel->monitorTick();
+  }
+}
+
+void Engine::monitorTick() {
+  std::vector<std::pair<int, int>> notices;
+  {
+    std::lock_guard<std::mutex> lock(monitor_mu_);
+    notices.swap(down_notices_);
+  }
+  for (const auto& n : notices) {
+    try {
+      sendControl(n.first, ControlType::kPathDown, 0, static_cast<uint32_t>(n.second));
+    } catch (const Error&) {
+      // No live path to that peer: nothing to tell it over.
     }
-    auto now = Clock::now();
-    bool probe = seconds(now - last_probe) >= config_.probe_interval;
-    if (probe) last_probe = now;
-    for (int peer : activePeers()) {
-      try {
-        monitorPeer(peer, now, probe);
-      } catch (const std::exception& e) {
-        // The monitor must outlive any surprise: log it and go on.
-        MAESTRO_WARN("path monitor, rank ", peer, ": ", e.what());
-      }
+  }
+  auto now = Clock::now();
+  bool probe = seconds(now - last_probe_) >= config_.probe_interval;
+  if (probe) last_probe_ = now;
+  for (int peer : activePeers()) {
+    try {
+      monitorPeer(peer, now, probe);
+    } catch (const std::exception& e) {
+      // The monitor must outlive any surprise: log it and go on.
+      MAESTRO_WARN("path monitor, rank ", peer, ": ", e.what());
     }
   }
 }

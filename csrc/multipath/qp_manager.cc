@@ -44,6 +44,20 @@ std::string key(const std::string& step, int rank) { return strcat("maestro/", s
 
 }  // namespace
 
+std::vector<RankPair> QpManager::startUpPairs(int size, bool eager) {
+  auto atStart = [&](int a, int b) {
+    if (eager) return true;
+    for (int d = 1; d < size; d *= 2)
+      if ((a + d) % size == b || (b + d) % size == a) return true;
+    return false;
+  };
+  std::vector<RankPair> pairs;
+  for (int a = 0; a < size; ++a)
+    for (int b = a + 1; b < size; ++b)
+      if (atStart(a, b)) pairs.emplace_back(a, b);
+  return pairs;
+}
+
 QpManager::QpManager(Rendezvous& store, int rank, int size, Deadline deadline)
     : store_(store), rank_(rank), size_(size), deadline_(deadline) {}
 

@@ -77,6 +77,15 @@ class QpManager {
  public:
   QpManager(Rendezvous& store, int rank, int size, Deadline deadline);
 
+  // The ranks a group connects to at start-up: its ring's pairs (every ring
+  // collective's neighbours) and its barrier's (ranks 2^k apart, both ways:
+  // log2(n) partners each way), or every pair (eager). The rest connect when
+  // first used. The barrier's are connected at start-up because a barrier is
+  // what a job ends with: its ranks leave as soon as they have heard from
+  // everyone, the rank that hosts the store among them, and a pair that
+  // connected then would have no store.
+  static std::vector<RankPair> startUpPairs(int size, bool eager);
+
   // Resolves the config (Options overrides + environment) as the first step,
   // so a bad knob on one rank fails every rank.
   Config agreeOnConfig(const std::map<std::string, std::string>& overrides);

@@ -30,14 +30,16 @@ std::map<std::string, std::string> twoPaths() {
   return {{"paths", "2"}, {"chunk_size", "4K"}, {"segment_size", "16K"}};
 }
 
-size_t openDescriptors() {
+size_t entries(const char* dir) {
   size_t n = 0;
-  if (DIR* d = opendir("/proc/self/fd")) {
+  if (DIR* d = opendir(dir)) {
     while (readdir(d)) ++n;
     closedir(d);
   }
   return n;
 }
+size_t openDescriptors() { return entries("/proc/self/fd"); }
+size_t threads() { return entries("/proc/self/task"); }
 
 using Engines = std::vector<std::shared_ptr<Engine>>;
 
@@ -84,7 +86,7 @@ TEST(SharedPaths, SubgroupsRunBesideTheWorldOnItsPathsOnly) {
   MemoryRendezvous ws, evens_store, odds_store, rev_store;
   Engines w = world(n, twoPaths(), ws);
   for (auto& e : w) EXPECT_EQ(0u, e->channel());
-  const size_t fds = openDescriptors();
+  const size_t fds = openDescriptors(), tasks = threads();
   Engines evens = subgroup(w, {0, 2}, twoPaths(), evens_store);
   Engines odds = subgroup(w, {1, 3}, twoPaths(), odds_store);
   Engines rev = subgroup(w, {3, 2, 1, 0}, twoPaths(), rev_store);
@@ -94,6 +96,7 @@ TEST(SharedPaths, SubgroupsRunBesideTheWorldOnItsPathsOnly) {
   for (auto& e : odds) EXPECT_EQ(1u, e->channel());
   for (auto& e : rev) EXPECT_EQ(2u, e->channel());
   EXPECT_EQ(fds, openDescriptors()) << "a group on shared paths opened sockets";
+  EXPECT_EQ(tasks, threads()) << "a group on shared paths started threads (the owner's monitor ticks it)";
   for (auto& e : rev) EXPECT_EQ(2, e->paths());
   // Every group at once, several times over: each result is exact.
   for (int round = 0; round < 3; ++round) {
