@@ -1,5 +1,6 @@
 #include "collectives/op.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "common/error.h"
@@ -95,6 +96,17 @@ OpContext::~OpContext() {
 }
 
 std::string OpContext::name() const { return strcat(opKindName(static_cast<OpKind>(desc_.kind)), " #", seq_); }
+
+namespace {
+std::atomic<uint32_t> ring_tag_window{kMessagesPerOp};
+}  // namespace
+
+uint32_t ringTagWindow() { return ring_tag_window.load(); }
+
+void setRingTagWindow(uint32_t window) {
+  MAESTRO_CHECK(window <= kMessagesPerOp, "a ring tag window of ", window, " tags; at most ", kMessagesPerOp);
+  ring_tag_window.store(window == 0 ? kMessagesPerOp : window);
+}
 
 uint32_t OpContext::tag(uint32_t index) const {
   MAESTRO_CHECK(index < kMessagesPerOp, name(), ": message index ", index, " out of range");

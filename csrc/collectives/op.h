@@ -66,6 +66,12 @@ struct RemoteWindow {
 // Tag of a message: the operation's epoch (seq mod 4) and the message's
 // index within the operation, so consecutive operations never share tags.
 constexpr uint32_t kMessagesPerOp = 1u << multipath::kEpochShift;
+// The tags a ring operation's messages take turns on: kMessagesPerOp. A
+// ring of more messages (groups beyond kMessagesPerOp / 2 + 1 ranks) reuses
+// each tag once its previous message is over on both sides (ring.cc).
+// Tests lower it (0: back to kMessagesPerOp) to make small rings reuse tags.
+uint32_t ringTagWindow();
+void setRingTagWindow(uint32_t window);
 
 class OpContext {
  public:

@@ -22,6 +22,16 @@
 // reducing into the separate work buffer (never into the slot being
 // forwarded) keeps this free of the store-and-forward deadlock.
 //
+// Tags: message k goes on tag k mod W (W = ringTagWindow(), 1024). A ring
+// of up to W messages -- groups of up to 513 ranks -- gives each its own tag
+// and expects them all up front. A longer one reuses a tag: the receiver
+// takes tag k mod W back for message k only once message k-W was processed
+// and its writer said that none of its writes is still on the way (DONE
+// k-W, sent when every chunk of it is acknowledged: a copy resent after a
+// failover must not count for message k), and then tells the writer (READY
+// k), which writes message k only after that. So groups of any size run; the
+// two extra control messages per message are paid only beyond W.
+//
 // Reduce to a root is the same ring with the allgather phase cut short
 // (Rabenseifner's reduce-scatter + gather, the gather done along the ring):
 // a reduced block travels only until it reaches the root, and the messages
@@ -72,12 +82,15 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   const uint32_t rs_steps = plan.reduce_scatter ? n - 1 : 0;
   const uint32_t ag_steps = plan.allgather ? n - 1 : 0;
   const uint32_t steps = rs_steps + ag_steps;
-  MAESTRO_CHECK(steps <= kMessagesPerOp, ctx.name(), ": groups of more than ", kMessagesPerOp / 2 + 1,
-                " ranks are not supported by the ring");
+  const uint32_t W = ringTagWindow();
   const Segmentation seg =
-      segmentBlocks(plan.blocks, engine.config().segment_size, std::max<uint32_t>(1, kMessagesPerOp / steps));
+      segmentBlocks(plan.blocks, engine.config().segment_size, std::max<uint32_t>(1, W / std::max(1u, steps)));
   const uint32_t G = seg.per_block;
   const uint32_t total = steps * G;
+  const bool windowed = total > W;  // tags are reused within the operation
+  auto tagOf = [&](uint32_t k) { return ctx.tag(k % W); };
+  // Control subs beside the reduce-scatter credits (sub = message index).
+  constexpr uint32_t kSubDone = 1u << 30, kSubReady = 1u << 31;
   const uint32_t K = static_cast<uint32_t>(scratchSlots(engine.config(), n));
 
   std::vector<Window> mine = {plan.work};
@@ -119,15 +132,21 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     return span;
   };
 
-  // Incoming messages: expected up front; early chunks are remembered.
+  // Incoming messages: expected up front (the first W of a windowed ring,
+  // each later one when its tag is free); early chunks are remembered.
   std::vector<std::shared_ptr<RecvOp>> recv(total);
   std::vector<char> processed(total, 0);
+  uint32_t processed_count = 0;
   std::vector<uint32_t> pending;
-  for (uint32_t k = 0; k < total; ++k) {
+  std::vector<uint32_t> to_free;  // windowed: processed messages whose tag a later one needs
+  // Expect message k; false for an empty one (processed at once).
+  auto expectMessage = [&](uint32_t k) -> bool {
     Span span = recvSpan(k);
     if (span.bytes == 0) {
       processed[k] = 1;
-      continue;
+      ++processed_count;
+      if (k + W < total) to_free.push_back(k);
+      return false;
     }
     multipath::ChunkHook hook;
     if (isRS(k)) {
@@ -141,17 +160,45 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
         if (last && op == ReduceOp::kAvg) finishAvg(dtype, dst + off, len / dtypeSize(dtype), n);
       };
     }
-    recv[k] = engine.expect(L, ctx.tag(k), span.bytes, std::move(hook));
+    recv[k] = engine.expect(L, tagOf(k), span.bytes, std::move(hook));
     pending.push_back(k);
-  }
+    return true;
+  };
+  for (uint32_t k = 0; k < std::min(total, W); ++k) expectMessage(k);
+  // Windowed: hand message m's tag to message m + W once m is over on both
+  // sides; false while its writer has not said DONE.
+  std::vector<char> done_heard(windowed ? total : 0, 0);
+  auto freeTag = [&](uint32_t m) -> bool {
+    if (recvSpan(m).bytes > 0) {
+      if (!done_heard[m]) {
+        if (!engine.takeControl(L, {ControlType::kCredit, ctx.seq(), kSubDone + m}, nullptr)) return false;
+        done_heard[m] = 1;
+      }
+      engine.recycleTag(L, tagOf(m));
+    }
+    if (expectMessage(m + W)) {
+      try {
+        engine.sendControl(L, ControlType::kCredit, ctx.seq(), kSubReady + m + W);
+      } catch (const Error& e) {
+        ctx.abort(e.what());
+      }
+    }
+    return true;
+  };
 
   std::vector<std::shared_ptr<SendOp>> sends;
   std::vector<std::shared_ptr<SendOp>> send_of(total);  // our write of message k
   std::vector<char> credit(total, 0);  // credit for our RS message k returned by R
+  std::vector<char> ready_heard(windowed ? total : 0, 0);  // READY k from R
+  std::vector<uint32_t> unreported;  // windowed: our messages whose DONE R still needs
   uint32_t next = 0;
 
   auto ready = [&](uint32_t k) {
     uint32_t s = stepOf(k), g = segOf(k);
+    if (windowed && k >= W && !ready_heard[k] && sendSpan(k).bytes > 0) {
+      if (!engine.takeControl(R, {ControlType::kCredit, ctx.seq(), kSubReady + k}, nullptr)) return false;
+      ready_heard[k] = 1;
+    }
     if (isRS(k)) {
       if (s > 0 && !processed[(s - 1) * G + g]) return false;
       if (k >= K) {
@@ -180,8 +227,10 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
         continue;
       }
       processed[k] = 1;
+      ++processed_count;
       engine.release(recv[k]);
       recv[k].reset();
+      if (k + W < total) to_free.push_back(k);
       if (isRS(k)) {
         // Best effort: the writer waits for its credits and fails on its own
         // if it cannot get them; our progress does not depend on this.
@@ -193,6 +242,16 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
       pending[i] = pending.back();
       pending.pop_back();
     }
+    // Freeing a tag may expect an empty message, whose tag frees at once.
+    for (bool freed = true; freed && !to_free.empty();) {
+      freed = false;
+      std::vector<uint32_t> waiting;
+      waiting.swap(to_free);
+      for (uint32_t m : waiting) {
+        if (freeTag(m)) freed = true;
+        else to_free.push_back(m);
+      }
+    }
     while (next < total && ready(next)) {
       Span span = sendSpan(next);
       if (span.bytes > 0) {
@@ -200,8 +259,9 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
         uint64_t dst_off = isRS(next) ? static_cast<uint64_t>(next % K) * seg.segment_bytes : dst.base + span.offset;
         try {
           sends.push_back(engine.write(R, plan.work.region, plan.work.base + span.offset, dst.region, dst_off,
-                                       span.bytes, ctx.tag(next)));
+                                       span.bytes, tagOf(next)));
           send_of[next] = sends.back();
+          if (next + W < total) unreported.push_back(next);
         } catch (const Error& e) {
           ctx.abort(e.what());
         }
@@ -213,19 +273,35 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
       if (s->failed()) ctx.abort(s->error());
       sent = sent && s->done();
     }
-    return next == total && pending.empty() && sent;
+    // Windowed: R may reuse the tag of a message of ours once every chunk
+    // of it is acknowledged.
+    for (size_t i = 0; i < unreported.size();) {
+      const uint32_t m = unreported[i];
+      if (!send_of[m]->done()) {
+        ++i;
+        continue;
+      }
+      try {
+        engine.sendControl(R, ControlType::kCredit, ctx.seq(), kSubDone + m);
+      } catch (const Error& e) {
+        ctx.abort(e.what());
+      }
+      unreported[i] = unreported.back();
+      unreported.pop_back();
+    }
+    return next == total && processed_count == total && sent;
   };
   auto waiting = [&]() {
     size_t unsent = 0;
     for (const auto& s : sends) unsent += s->done() ? 0 : 1;
-    return strcat(pending.size(), " of ", total, " messages from rank ", L, ", ", unsent,
+    return strcat(total - processed_count, " of ", total, " messages from rank ", L, ", ", unsent,
                   " unacknowledged writes to rank ", R, ", ", total - next, " messages not yet posted");
   };
   // We depend on the left neighbour while its messages are missing, on the
   // right one while we still write to it (or wait for its credits).
   auto depends = [&]() {
     std::vector<int> peers;
-    if (!pending.empty()) peers.push_back(L);
+    if (processed_count < total) peers.push_back(L);
     bool writing = next < total;
     for (const auto& s : sends) writing = writing || !s->done();
     if (writing) peers.push_back(R);

@@ -217,8 +217,10 @@ class Engine : public ChannelSink {
   // call, in arrival order; false if there were none. They wait here (at
   // most kMaxInbox from one peer) until the point-to-point layer takes them.
   bool takeP2P(std::vector<P2PMessage>* out);
-  // A point-to-point tag from `peer` (released after its message) may carry
-  // a new message: the sender confirmed no write on it is left.
+  // A tag from `peer` (released after its message) may carry a new message:
+  // the sender confirmed no write on it is left. Point-to-point tags, and a
+  // collective's tags reused within its operation (the ring beyond its tag
+  // window).
   void recycleTag(int peer, uint32_t tag);
 
   // ---- connections ----

@@ -4,6 +4,7 @@
 // disagreement between ranks ends in an error on every rank, not a hang.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -152,6 +153,66 @@ TEST(CollectivesTimeout, MissingRankTimesOutWithAClearMessage) {
     FAIL() << "expected a timeout";
   } catch (const TimeoutError& err) {
     EXPECT_NE(std::string::npos, std::string(err.what()).find("rank 1 to start the same collective")) << err.what();
+  }
+}
+
+// A ring of more messages than tags (groups beyond 513 ranks) reuses its
+// tags within the operation. The window is lowered to 1-5 tags so that
+// rings of 2-5 ranks reuse them over and over: allreduce (many segments, and
+// blocks left empty by tiny tensors), reduce_scatter, allgather and a large
+// reduce (whose allgather phase skips empty messages) stay exact.
+TEST(RingTagWindow, ARingLongerThanItsTagsReusesThem) {
+  struct Restore {
+    ~Restore() { setRingTagWindow(0); }
+  } restore;
+  for (int n : {2, 3, 5}) {
+    World w(n);
+    uint64_t seq = 1;
+    for (uint32_t window : {1u, 2u, 5u}) {
+      setRingTagWindow(window);
+      for (uint64_t count : {1ull, 4ull, 40000ull}) {  // 40000 floats: 160 KB, tens of 16 KB segments
+        std::vector<std::vector<float>> data(n, std::vector<float>(count)), red(n, std::vector<float>(count));
+        std::vector<std::vector<float>> rs_in(n, std::vector<float>(count * n)), rs_out(n, std::vector<float>(count));
+        std::vector<std::vector<float>> gathered(n, std::vector<float>(count * n));
+        for (int r = 0; r < n; ++r) {
+          for (uint64_t i = 0; i < count; ++i) data[r][i] = red[r][i] = static_cast<float>((i * 7 + r * 13) % 1000);
+          for (uint64_t i = 0; i < count * n; ++i) rs_in[r][i] = static_cast<float>((i + 3 * r) % 11);
+        }
+        const int root = n - 1;
+        const uint64_t base = seq;
+        auto errors = runRanks(n, [&](int r) {
+          auto& e = *w.engines[r];
+          Window win = registered(e, data[r]), rw = registered(e, red[r]), all = registered(e, gathered[r]);
+          std::vector<float> mine(data[r]);
+          allreduce(e, base, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+          reduceScatter(e, base + 1, rs_in[r].data(), rs_out[r].data(), count, DType::kFloat32, ReduceOp::kSum,
+                        after(60));
+          allgather(e, base + 2, mine.data(), all, count, DType::kFloat32, after(60));
+          reduce(e, base + 3, rw, count, DType::kFloat32, ReduceOp::kMax, root, after(60));
+          e.deregisterMemory(win.region);
+          e.deregisterMemory(rw.region);
+          e.deregisterMemory(all.region);
+        });
+        seq += 4;
+        for (int r = 0; r < n; ++r) ASSERT_EQ("", errorText(errors[r])) << n << " ranks, window " << window;
+        for (int r = 0; r < n; ++r)
+          for (uint64_t i = 0; i < count; ++i) {
+            float sum = 0, most = 0, rs = 0;
+            for (int q = 0; q < n; ++q) {
+              const float v = static_cast<float>((i * 7 + q * 13) % 1000);
+              sum += v;
+              most = std::max(most, v);
+              rs += static_cast<float>((r * count + i + 3 * q) % 11);
+            }
+            ASSERT_EQ(sum, data[r][i]) << "allreduce: " << n << " ranks, window " << window << ", rank " << r;
+            ASSERT_EQ(rs, rs_out[r][i]) << "reduce_scatter: " << n << " ranks, window " << window << ", rank " << r;
+            if (r == root) ASSERT_EQ(most, red[r][i]) << "reduce: " << n << " ranks, window " << window;
+            for (int q = 0; q < n; ++q)
+              ASSERT_EQ(static_cast<float>((i * 7 + q * 13) % 1000), gathered[r][q * count + i])
+                  << "allgather: " << n << " ranks, window " << window << ", rank " << r << " block " << q;
+          }
+      }
+    }
   }
 }
 
