@@ -155,6 +155,11 @@ void ChannelMux::pairFailed(int peer, const std::string& why) {
     deliver(c, peer, [&](ChannelSink* s, int r) { s->onPairFailed(r, why); });
 }
 
+void ChannelMux::pathMoving(int peer, int path, bool moving, const std::string& route) {
+  for (uint32_t c = 1; c < kMaxChannels; ++c)
+    deliver(c, peer, [&](ChannelSink* s, int r) { s->onPathMoving(r, path, moving, route); });
+}
+
 void ChannelMux::onPathError(int peer, int path, const std::string& what) {
   for (uint32_t c = 0; c < kMaxChannels; ++c)
     deliver(c, peer, [&](ChannelSink* s, int r) { s->onPathError(r, path, what); });

@@ -36,6 +36,10 @@ class ChannelSink : public transport::CompletionSink {
  public:
   virtual void onPairUp(int peer) = 0;
   virtual void onPairFailed(int peer, const std::string& why) = 0;
+  // The owner is re-opening path `path` to `peer` on another route (path
+  // hunting; `route`: its next core hop if known) -- drain it, and count its
+  // return as a hunt -- or (moving false) gave that up.
+  virtual void onPathMoving(int peer, int path, bool moving, const std::string& route) = 0;
 };
 
 class ChannelMux : public transport::CompletionSink {
@@ -64,6 +68,8 @@ class ChannelMux : public transport::CompletionSink {
   // connect. To every other channel with the peer.
   void pairUp(int peer);
   void pairFailed(int peer, const std::string& why);
+  // The owner is re-opening a path to transport peer `peer` (or gave up).
+  void pathMoving(int peer, int path, bool moving, const std::string& route);
 
   // CompletionSink (from the transport)
   void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) override;

@@ -109,7 +109,7 @@ std::string Engine::describeSetup() const {
   for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
   os << " from " << mesh_.vnics.source << ", chunks of " << config_.chunk_size << " bytes";
   os << ", discovery " << mesh_.discovery << (mesh_.discovery_why.empty() ? "" : " (" + mesh_.discovery_why + ")");
-  os << ", path hunting " << (hunter_.enabled() ? "on" : owner_ ? "by the parent group" : "off");
+  os << ", path hunting " << (!hunter_.enabled() ? "off" : owner_ ? "on (the parent group re-opens)" : "on");
   if (mesh_.transport_kind == "tcp") os << ", congestion control " << mesh_.congestion_why;
   os << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
   return os.str();
@@ -808,13 +808,16 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kHunt: {
         // The opener re-opens this path on another route: what waits on it
         // moves now, and its old connection's close is no failure.
-        std::lock_guard<std::mutex> lock(p.mu);
-        int slot_index = slotOf(p, static_cast<int>(h.sub));
-        if (slot_index < 0 || p.paths[slot_index].initiated || !p.paths[slot_index].up) return;
-        PathSlot& slot = p.paths[slot_index];
-        slot.hunt.active = true;
-        slot.hunt.since = Clock::now();
-        requeue(p, slot);
+        {
+          std::lock_guard<std::mutex> lock(p.mu);
+          int slot_index = slotOf(p, static_cast<int>(h.sub));
+          if (slot_index < 0 || p.paths[slot_index].initiated || !p.paths[slot_index].up) return;
+          PathSlot& slot = p.paths[slot_index];
+          slot.hunt.active = true;
+          slot.hunt.since = Clock::now();
+          requeue(p, slot);
+        }
+        mux_->pathMoving(peer, static_cast<int>(h.sub), true, "");  // the groups on it drain it too
         break;
       }
       case ControlType::kHuntAsk:

@@ -269,6 +269,7 @@ class Engine : public ChannelSink {
   // ChannelSink
   void onPairUp(int peer) override;
   void onPairFailed(int peer, const std::string& why) override;
+  void onPathMoving(int peer, int path, bool moving, const std::string& route) override;
 
  private:
   struct PathSlot;

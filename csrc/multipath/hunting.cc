@@ -194,6 +194,7 @@ void Engine::reopenPath(int peer, int id, uint16_t port, const std::string& rout
     requeue(p, slot);
   }
   notify();
+  mux_->pathMoving(peer, id, true, route);  // the groups on shared paths drain it too
   // What is in flight completes on the old route (bounded: a write stuck
   // there comes back flushed when the connection is replaced, and moves).
   const auto drain_until = Clock::now() + std::chrono::seconds(1);
@@ -214,18 +215,21 @@ void Engine::reopenPath(int peer, int id, uint16_t port, const std::string& rout
     MAESTRO_WARN("path hunting: cannot re-open path ", id, " to rank ", peer, ": ", e.what());
   }
   std::string desc = moved ? mesh_.transport->describePath(peer, id) : std::string();
-  std::lock_guard<std::mutex> lock(p.mu);
-  int slot_index = slotOf(p, id);
-  if (slot_index < 0) return;
-  PathSlot& slot = p.paths[slot_index];
-  if (moved) {
-    slot.description = desc;
-  } else if (slot.hunt.active) {
-    // The old connection goes on (the acceptor's notice expires by itself).
-    slot.hunt.active = false;
-    MAESTRO_INFO("path hunting: path ", id, " to rank ", peer, " could not be re-opened; it stays on its route");
-    pumpAll(p);
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    int slot_index = slotOf(p, id);
+    if (slot_index < 0) return;
+    PathSlot& slot = p.paths[slot_index];
+    if (moved) {
+      slot.description = desc;
+    } else if (slot.hunt.active) {
+      // The old connection goes on (the acceptor's notice expires by itself).
+      slot.hunt.active = false;
+      MAESTRO_INFO("path hunting: path ", id, " to rank ", peer, " could not be re-opened; it stays on its route");
+      pumpAll(p);
+    }
   }
+  if (!moved) mux_->pathMoving(peer, id, false, "");
 }
 
 }  // namespace multipath

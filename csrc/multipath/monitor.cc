@@ -137,7 +137,10 @@ void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
   }
   for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
   for (int id : to_ping) sendPing(peer, id);
-  for (int id : to_hunt) queueHunt({HuntJob::kSlow, peer, id, {}});
+  for (int id : to_hunt) {
+    if (owner_) owner_->queueHunt({HuntJob::kSlow, ranks_[peer], id, {}});  // shared paths: the owner moves it
+    else queueHunt({HuntJob::kSlow, peer, id, {}});
+  }
   if (!to_reconnect.empty()) {
     std::lock_guard<std::mutex> lock(reconnect_mu_);
     for (int id : to_reconnect) reconnect_wanted_.insert({peer, id});

@@ -26,9 +26,11 @@ namespace {
 // defaults it takes from the paths' group.
 std::string adoptPathKnobs(const Config& theirs, const Mesh& their_mesh, Config* mine) {
   if (!mine->share_paths) return "MAESTRO_SHARE_PATHS=0";
-  static const std::set<std::string> kPathKnobs = {"transport", "vnics", "ifname", "paths", "window", "busy_poll",
-                                                   "tcp_congestion", "tcp_single_copy", "discovery", "probe_ttl",
-                                                   "candidates", "connect_timeout"};
+  // Hunting too: the paths' owner re-opens a path that a group finds slow.
+  static const std::set<std::string> kPathKnobs = {
+      "transport", "vnics",      "ifname",   "paths",     "window",     "busy_poll",  "tcp_congestion",
+      "tcp_single_copy", "discovery", "probe_ttl", "candidates", "connect_timeout", "hunt", "hunt_ratio",
+      "hunt_after", "hunt_interval"};
   std::string differ;
   for (const Knob& k : knobs()) {
     if (!kPathKnobs.count(k.name)) continue;
@@ -108,10 +110,9 @@ bool Engine::shareWith(Parent parent, Deadline setup_deadline) {
   mesh_.discovery_why = root->mesh_.discovery_why;
   if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
   config_.discovery = mesh_.discovery;
-  // Paths are re-opened and hunted by the group that owns them.
-  Config no_hunt = config_;
-  no_hunt.hunt = "off";
-  hunter_ = Hunter(no_hunt);
+  // This group's hunter judges its own traffic on the paths; a path it
+  // finds slow is re-opened by the group that owns them (monitorPeer).
+  hunter_ = Hunter(config_);
   p2p_waiting_.assign(size_, 0);
   for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
   MAESTRO_CHECK(mux_->attach(channel_, this, ranks_), "channel ", channel_,
@@ -213,6 +214,27 @@ void Engine::onPairUp(int peer) {
     if (now.up[i]) onPathUp(peer, now.ids[i]);
     else onPathError(peer, now.ids[i], "it failed while this group joined it");
   }
+}
+
+void Engine::onPathMoving(int peer, int transport_path, bool moving, const std::string& route) {
+  Peer& p = *peers_[peer];
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    int slot_index = slotOf(p, transport_path);
+    if (slot_index < 0) return;
+    PathSlot& slot = p.paths[slot_index];
+    if (moving && slot.up) {
+      // As the owner does: no new chunks on it; its return is a hunt, not a reconnect.
+      slot.hunt.active = true;
+      slot.hunt.since = Clock::now();
+      slot.hunt.next_route = route;
+      requeue(p, slot);
+    } else if (!moving && slot.hunt.active) {
+      slot.hunt.active = false;  // the re-opening was given up: the old connection goes on
+      pumpAll(p);
+    }
+  }
+  notify();
 }
 
 void Engine::onPairFailed(int peer, const std::string& why) {

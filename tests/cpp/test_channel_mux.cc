@@ -29,6 +29,7 @@ class Recorder : public ChannelSink {
     std::vector<std::pair<int, std::string>> messages;  // (peer, bytes)
     std::vector<std::pair<int, int>> errors, ups;        // (peer, path)
     std::vector<int> pairs_up;
+    std::vector<std::pair<int, int>> moving;  // (peer, path) being re-opened by the owner
     size_t total() const { return completed.size() + arrived.size() + messages.size() + errors.size() + ups.size(); }
   };
   void onWriteComplete(int peer, int, uint64_t wr_id, bool) override { add([&] { r_.completed.emplace_back(peer, wr_id); }); }
@@ -40,6 +41,9 @@ class Recorder : public ChannelSink {
   void onPathUp(int peer, int path) override { add([&] { r_.ups.emplace_back(peer, path); }); }
   void onPairUp(int peer) override { add([&] { r_.pairs_up.push_back(peer); }); }
   void onPairFailed(int, const std::string&) override {}
+  void onPathMoving(int peer, int path, bool moving, const std::string&) override {
+    if (moving) add([&] { r_.moving.emplace_back(peer, path); });
+  }
 
   template <typename Pred>
   bool waitFor(Pred pred) {
@@ -200,6 +204,9 @@ TEST_F(ChannelMuxTest, AGroupWithoutThePeerHearsNothingOfIt) {
   EXPECT_EQ(std::vector<int>{0}, other.now().pairs_up);
   EXPECT_TRUE(solo.now().pairs_up.empty());
   EXPECT_TRUE(owner_[0].now().pairs_up.empty()) << "the owner connected the pair itself";
+  mux_[0]->pathMoving(1, 0, true, "");
+  EXPECT_EQ((std::vector<std::pair<int, int>>{{0, 0}}), other.now().moving) << "a hunted path, in the group's ranks";
+  EXPECT_TRUE(owner_[0].now().moving.empty());
   // What a group may not do with paths it does not own.
   EXPECT_THROW(ct->listen("127.0.0.1"), Error);
   EXPECT_FALSE(ct->reconnect(0, 0, after(1)));
