@@ -807,7 +807,10 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       }
       case ControlType::kHunt: {
         // The opener re-opens this path on another route: what waits on it
-        // moves now, and its old connection's close is no failure.
+        // moves now, and its old connection's close is no failure. Only the
+        // paths' owners hunt (a group on shared paths hears of it through
+        // onPathMoving): on a channel this is out of place.
+        if (owner_) return;
         {
           std::lock_guard<std::mutex> lock(p.mu);
           int slot_index = slotOf(p, static_cast<int>(h.sub));
@@ -824,7 +827,9 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kHuntOffer:
       case ControlType::kHuntPick: {
         // Validated here, acted on by the reconnect thread (probes block).
-        // Anything out of place is ignored: hunting is an optimisation.
+        // Anything out of place is ignored: hunting is an optimisation, run
+        // by the paths' owner (never on a channel of shared paths).
+        if (owner_) return;
         const auto type = static_cast<ControlType>(h.type);
         HuntJob job{type == ControlType::kHuntAsk ? HuntJob::kAsked
                     : type == ControlType::kHuntOffer ? HuntJob::kOffered : HuntJob::kPicked,
