@@ -150,31 +150,29 @@ def launch(world: int, argv: list[str], env: dict | None = None, timeout: float 
     raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without a result:\n{p.stderr[-3000:]}")
 
 
-def footprint(worlds: list[int], trials: int) -> dict:
+def interleaved(what: str, variants: dict, worlds: list[int], trials: int, summary) -> dict:
+    """Launch `rank what <variant>` for every variant and world size, trials
+    times over, interleaved; summary(record) is printed after each launch."""
     runs = []
     for trial in range(trials):
         for world in worlds:
-            for backend, env in VARIANTS.items():
-                rec = launch(world, ["footprint", backend], env)
+            for backend, env in variants.items():
+                rec = launch(world, [what, backend], env)
                 rec["trial"] = trial
                 runs.append(rec)
-                print(f"footprint: {backend} x{world} trial {trial}: threads "
-                      f"{max(r['threads'] for r in rec['ranks'])}, fds {max(r['fds'] for r in rec['ranks'])}",
-                      file=sys.stderr, flush=True)
+                print(f"{what}: {backend} x{world} trial {trial}: {summary(rec)}", file=sys.stderr, flush=True)
     return {"paths": 2, "worlds": worlds, "trials": trials, "runs": runs}
+
+
+def footprint(worlds: list[int], trials: int) -> dict:
+    return interleaved("footprint", VARIANTS, worlds, trials,
+                       lambda rec: f"threads {max(r['threads'] for r in rec['ranks'])}, "
+                                   f"fds {max(r['fds'] for r in rec['ranks'])}")
 
 
 def subgroups(worlds: list[int], trials: int) -> dict:
-    runs = []
-    for trial in range(trials):
-        for world in worlds:
-            for backend, env in MESH_VARIANTS.items():
-                rec = launch(world, ["mesh", backend], env)
-                rec["trial"] = trial
-                runs.append(rec)
-                print(f"subgroups: {backend} x{world} trial {trial}: fds added "
-                      f"{max(r['fds_added'] for r in rec['ranks'])}", file=sys.stderr, flush=True)
-    return {"paths": 2, "worlds": worlds, "trials": trials, "runs": runs}
+    return interleaved("mesh", MESH_VARIANTS, worlds, trials,
+                       lambda rec: f"fds added {max(r['fds_added'] for r in rec['ranks'])}")
 
 
 def cpu_cost(worlds: list[int], size: int, rounds: int, iters: int) -> dict:
