@@ -158,11 +158,7 @@ bool Engine::awaitQueued(uint64_t seq, Deadline deadline) {
     }
     return false;
   };
-  for (;;) {
-    uint64_t seen = eventCount();
-    if (!queued()) return true;
-    if (!waitEvent(seen, deadline) && Clock::now() >= deadline) return false;
-  }
+  return waitUntil([&] { return !queued(); }, deadline);
 }
 
 std::vector<int> Engine::activePeers() const {

@@ -17,7 +17,6 @@ namespace maestro {
 namespace multipath {
 using namespace detail;
 
-
 Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& store, int rank, int size,
                Deadline setup_deadline, const std::string& rendezvous_host, Parent parent)
     : rank_(rank), size_(size) {
@@ -182,6 +181,14 @@ void Engine::notify() {
   if (waiters_.load() > 0) {
     std::lock_guard<std::mutex> lock(event_mu_);
     event_cv_.notify_all();
+  }
+}
+
+bool Engine::waitUntil(const std::function<bool()>& done, Deadline deadline) {
+  for (;;) {
+    const uint64_t seen = eventCount();
+    if (done()) return true;
+    if (!waitEvent(seen, deadline) && Clock::now() >= deadline) return false;
   }
 }
 
@@ -937,7 +944,7 @@ void Engine::recycleTag(int peer, uint32_t tag) {
   MAESTRO_CHECK(tag < kUsedTags, "tag ", tag, " out of range");
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
-  MAESTRO_CHECK(!p.receiving.count(tag), "point-to-point tag ", tag, " from rank ", peer, " is still expected");
+  MAESTRO_CHECK(!p.receiving.count(tag), "tag ", tag, " from rank ", peer, " is still expected");
   p.reassembler.reset(tag, 1);
 }
 
@@ -1004,9 +1011,10 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
         slot.errors--;
         MAESTRO_INFO("path ", path, " to rank ", peer, ": the connection on the old route is retired");
       } else {
-        // On shared paths the group that owns them says it.
-        if (owner_) MAESTRO_INFO("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
-        else MAESTRO_WARN("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what);
+        // On shared paths the group that owns them warns; the others inform.
+        const LogLevel level = owner_ ? LogLevel::kInfo : LogLevel::kWarn;
+        if (logLevel() >= level)
+          logLine(level, strcat("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what));
         // The peer may not notice (a blackhole swallows our close) and only
         // the path's opener reconnects: tell it over a live path.
         std::lock_guard<std::mutex> lock(monitor_mu_);

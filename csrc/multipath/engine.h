@@ -34,6 +34,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -246,6 +247,9 @@ class Engine : public ChannelSink {
   void wake() { notify(); }
   // Sleep until something happens after `seen` (false at the deadline).
   bool waitEvent(uint64_t seen, Deadline deadline);
+  // Sleep until done() holds, looked at after every event (false at the
+  // deadline).
+  bool waitUntil(const std::function<bool()>& done, Deadline deadline);
   // Throws if `peer` can no longer be reached (every path down).
   void checkPeer(int peer);
   // False once the peer is unreachable (checkPeer() would throw).

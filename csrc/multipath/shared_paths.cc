@@ -34,15 +34,16 @@ std::string adoptPathKnobs(const Config& theirs, const Mesh& their_mesh, Config*
   std::string differ;
   for (const Knob& k : knobs()) {
     if (!kPathKnobs.count(k.name)) continue;
-    auto source = mine->provenance.find(k.name);
+    const std::string name = k.name;
+    auto source = mine->provenance.find(name);
     const bool set = source != mine->provenance.end() && source->second.second != "default";
     std::string there = k.show(theirs);
-    if (std::string(k.name) == "transport") there = their_mesh.transport_kind;  // auto, decided
+    if (name == "transport") there = their_mesh.transport_kind;  // auto, decided
     const std::string here = k.show(*mine);
-    const bool decided_here = (std::string(k.name) == "transport" || std::string(k.name) == "discovery") && here == "auto";
+    const bool decided_here = (name == "transport" || name == "discovery") && here == "auto";
     if (set && here != there && !decided_here) {
-      differ += strcat(differ.empty() ? "" : ", ", k.name, " (", here, " here, ", there, " there)");
-    } else if (!set && std::string(k.name) != "transport") {
+      differ += strcat(differ.empty() ? "" : ", ", name, " (", here, " here, ", there, " there)");
+    } else if (!set && name != "transport") {
       k.apply(*mine, there);
     }
   }
@@ -135,21 +136,17 @@ void Engine::joinChannel(Deadline setup_deadline) {
     if (pair.second == rank_) connect(pair.first);
   }
   // Its start-up pairs are up when the group is, as on paths of its own.
-  for (;;) {
-    const uint64_t seen = eventCount();
-    bool pending = false;
+  auto settled = [&] {
     for (int peer : activePeers()) {
       Peer& p = *peers_[peer];
       std::lock_guard<std::mutex> lock(p.mu);
-      pending = pending || (p.link != Peer::Link::kUp && !p.unreachable);
+      if (p.link != Peer::Link::kUp && !p.unreachable) return false;
     }
-    if (!pending) break;
-    if (!waitEvent(seen, setup_deadline) && Clock::now() >= setup_deadline) {
-      // Left to finish in the background, as a pair connected on first use.
-      MAESTRO_WARN("some start-up pairs of this group are not connected by its deadline");
-      break;
-    }
-  }
+    return true;
+  };
+  // Otherwise left to finish in the background, as a pair connected on first use.
+  if (!waitUntil(settled, setup_deadline))
+    MAESTRO_WARN("some start-up pairs of this group are not connected by its deadline");
 }
 
 bool Engine::pairPaths(int peer, PeerPaths* out) {
