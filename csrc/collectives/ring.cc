@@ -139,13 +139,16 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   uint32_t processed_count = 0;
   std::vector<uint32_t> pending;
   std::vector<uint32_t> to_free;  // windowed: processed messages whose tag a later one needs
+  auto markProcessed = [&](uint32_t k) {
+    processed[k] = 1;
+    ++processed_count;
+    if (k + W < total) to_free.push_back(k);
+  };
   // Expect message k; false for an empty one (processed at once).
   auto expectMessage = [&](uint32_t k) -> bool {
     Span span = recvSpan(k);
     if (span.bytes == 0) {
-      processed[k] = 1;
-      ++processed_count;
-      if (k + W < total) to_free.push_back(k);
+      markProcessed(k);
       return false;
     }
     multipath::ChunkHook hook;
@@ -226,11 +229,9 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
         ++i;
         continue;
       }
-      processed[k] = 1;
-      ++processed_count;
       engine.release(recv[k]);
       recv[k].reset();
-      if (k + W < total) to_free.push_back(k);
+      markProcessed(k);
       if (isRS(k)) {
         // Best effort: the writer waits for its credits and fails on its own
         // if it cannot get them; our progress does not depend on this.
