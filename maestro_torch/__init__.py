@@ -4,7 +4,8 @@
     dist.init_process_group(backend="maestro")   # under torchrun
     dist.all_reduce(t)
 
-Importing this package registers the backend (devices=["cpu"]); the
+Importing this package registers the backend (devices=["cpu", "cuda"]: CUDA
+tensors travel through pinned host memory, see MAESTRO_STAGING); the
 ``torch.distributed.backends`` entry point registers it too, so
 ``init_process_group("maestro")`` works without the import.
 
@@ -109,7 +110,7 @@ def _register() -> None:
     """Register the "maestro" backend with torch.distributed (idempotent)."""
     if "MAESTRO" in dist.Backend._plugins:
         return
-    dist.Backend.register_backend("maestro", _create_backend, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend("maestro", _create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 
 def backend_of(group=None) -> ProcessGroupMaestro:

@@ -41,6 +41,8 @@ def build(out_dir: str, build_dir: str, sanitize: str = "") -> None:
         "-DMAESTRO_EXT_OUTPUT_DIR=" + out_dir,
         "-DMAESTRO_EXT_SUFFIX=" + sysconfig.get_config_var("EXT_SUFFIX"),
     ]
+    # CUDA tensors are staged whenever torch has CUDA (maestro_torch._C.has_cuda).
+    args.append("-DMAESTRO_WITH_CUDA=" + ("ON" if torch.version.cuda else "OFF"))
     if os.environ.get("MAESTRO_WITH_VERBS"):
         args.append("-DMAESTRO_WITH_VERBS=" + os.environ["MAESTRO_WITH_VERBS"])
     subprocess.check_call(args)

@@ -159,10 +159,8 @@ Reduction toReduction(const ::c10d::ReduceOp& op, at::ScalarType dtype) {
 // Checks shared by every collective's inputs and outputs.
 void checkTensor(const at::Tensor& t, const char* what) {
   MAESTRO_CHECK(t.defined(), what, " is undefined");
-  if (t.device().is_cuda())
-    fail(what, " is a CUDA tensor; maestro supports CPU tensors only for now. Use "
-               "init_process_group(backend=\"cpu:maestro,cuda:nccl\") to route CUDA tensors to NCCL");
-  MAESTRO_CHECK(t.device().is_cpu(), what, " is on device ", t.device().str(), "; maestro supports CPU tensors only");
+  // CUDA tensors were replaced by their host stand-ins (OpStaging) by now.
+  MAESTRO_CHECK(t.device().is_cpu(), what, " is on device ", t.device().str(), "; maestro supports CPU and CUDA tensors");
   MAESTRO_CHECK(t.layout() == at::kStrided, what, " is ", c10::str(t.layout()),
                 "; maestro supports dense (strided) tensors only");
   toDType(t.scalar_type());
@@ -295,6 +293,11 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
       &engine_->transport(), engine_->config().reg_cache_size,
       regCacheBytes(engine_->config(), static_cast<uint64_t>(memlock.rlim_cur)));
   p2p_ = std::make_unique<collectives::PointToPoint>(*engine_);
+  staging_mode_ = stagingMode(engine_->config().staging);
+  transport::Transport* transport = &engine_->transport();
+  staging_pool_ = std::make_shared<StagingPool>(
+      [transport](void* addr, size_t length) { return transport->registerMemory(addr, length); },
+      [transport](const Region& r) { transport->deregisterMemory(r); });
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -360,6 +363,8 @@ void ProcessGroupMaestro::stopWorker(bool drain) {
     engine.swap(engine_);
   }
   cache.reset();  // its registrations go before the engine's transport
+  staging_pool_->clear();  // so do the slabs'
+
   // engine: stopped here, or by whoever still holds a copy from live().
 }
 
@@ -388,16 +393,27 @@ std::map<std::string, double> ProcessGroupMaestro::cacheStats() const {
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::enqueue(::c10d::OpType type, const char* name,
                                                               std::chrono::milliseconds timeout,
                                                               std::vector<at::Tensor> outputs,
-                                                              std::vector<at::Tensor> inputs, Job job) {
+                                                              std::vector<at::Tensor> inputs,
+                                                              std::shared_ptr<OpStaging> staging, Job job) {
+  if (staging && !staging->active()) staging = nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   MAESTRO_CHECK(!stopping_, "maestro ", name, ": the process group was shut down");
   if (broken_) fail("maestro ", name, ": this process group is unusable after an earlier failure (", broken_what_,
                     "); create a new process group");
   uint64_t seq = ++seq_;
-  auto work = c10::make_intrusive<MaestroWork>(getRank(), type, seq, name, std::move(outputs), std::move(inputs));
-  queue_.push_back(Pending{seq, work, std::move(job), timeout});
+  auto work = c10::make_intrusive<MaestroWork>(getRank(), type, seq, name, std::move(outputs), std::move(inputs),
+                                               staging ? staging->devices() : std::vector<c10::Device>{});
+  if (staging) {
+    work->setCopies(staging->copies());
+    staging->called();  // the caller's stream, as it is now, is what the copies wait for
+  }
+  queue_.push_back(Pending{seq, work, std::move(job), timeout, std::move(staging)});
   cv_.notify_all();
   return work;
+}
+
+std::shared_ptr<OpStaging> ProcessGroupMaestro::staging(const char* name) {
+  return std::make_shared<OpStaging>(*staging_pool_, staging_mode_, getBoundDeviceId(), name);
 }
 
 void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
@@ -448,8 +464,17 @@ void ProcessGroupMaestro::workerLoop() {
                                                    broken_what_, "); create a new process group")));
     } else {
       try {
+        if (p.staging) {
+          try {
+            p.staging->copyIn();
+          } catch (const std::exception& e) {  // the peers must not wait for this rank
+            engine_->broadcastAbort(p.seq, strcat("maestro: rank ", getRank(), " could not stage its tensors: ", e.what()));
+            throw;
+          }
+        }
         // The call's own timeout (opts.timeout) where it set one, else the group's.
         p.job(p.seq, deadlineAfter(p.timeout == ::c10d::kUnsetTimeout ? timeout_.load() : p.timeout));
+        if (p.staging) p.staging->copyOut();
       } catch (const std::exception& e) {
         error = std::current_exception();
         std::lock_guard<std::mutex> lock(mu_);
@@ -460,6 +485,7 @@ void ProcessGroupMaestro::workerLoop() {
       }
     }
     p.work->complete(error);
+    if (p.staging) p.staging->finish();
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = false;
@@ -479,6 +505,10 @@ collectives::Window ProcessGroupMaestro::window(const at::Tensor& t) {
   void* base = storage.mutable_data();
   size_t nbytes = storage.nbytes();
   if (nbytes == 0 || base == nullptr) return collectives::Window{};
+  // A staging slab (a CUDA tensor's host stand-in) is registered already.
+  if (auto slab = staging_pool_->regionOf(base))
+    return collectives::Window{*slab, static_cast<uint64_t>(static_cast<const uint8_t*>(t.data_ptr()) -
+                                                            static_cast<const uint8_t*>(base))};
   c10::weak_intrusive_ptr<c10::StorageImpl> weak(storage.getWeakStorageImpl());
   Region r = cache_->acquire(storage.unsafeGetStorageImpl(), base, nbytes, [weak] { return !weak.expired(); });
   uint64_t offset = static_cast<uint64_t>(static_cast<const uint8_t*>(t.data_ptr()) - static_cast<const uint8_t*>(base));
@@ -526,15 +556,18 @@ void ProcessGroupMaestro::release(const at::Tensor& t) {
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::Tensor>& tensors,
                                                                 const ::c10d::AllreduceOptions& opts) {
+  auto st = staging("allreduce");
+  std::vector<at::Tensor> host;
   Reduction op;
   try {
-    checkOne(tensors, "allreduce");
-    op = toReduction(opts.reduceOp, tensors[0].scalar_type());
+    host = st->inout(tensors);
+    checkOne(host, "allreduce");
+    op = toReduction(opts.reduceOp, host[0].scalar_type());
   } catch (const Error& e) {
     reject("allreduce", e.what());
   }
-  at::Tensor tensor = tensors[0];
-  return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", opts.timeout, {tensor}, {tensor},
+  at::Tensor tensor = host[0];
+  return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", opts.timeout, {tensors[0]}, {tensors[0]}, st,
                  [this, tensor, op](uint64_t seq, Deadline deadline) {
                    op.prescale(tensor);
                    inPlace(tensor, [&](const collectives::Window& w) {
@@ -546,19 +579,22 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  auto st = staging("allreduce_coalesced");
+  std::vector<at::Tensor> host;
   Reduction op;
   try {
-    MAESTRO_CHECK(!tensors.empty(), "allreduce_coalesced needs at least one tensor");
-    for (const auto& t : tensors) {
+    host = st->inout(tensors);
+    MAESTRO_CHECK(!host.empty(), "allreduce_coalesced needs at least one tensor");
+    for (const auto& t : host) {
       checkTensor(t, "a tensor");
-      checkSameKind(tensors[0], t, "a tensor");
+      checkSameKind(host[0], t, "a tensor");
     }
-    op = toReduction(opts.reduceOp, tensors[0].scalar_type());
+    op = toReduction(opts.reduceOp, host[0].scalar_type());
   } catch (const Error& e) {
     reject("allreduce_coalesced", e.what());
   }
-  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "maestro:all_reduce_coalesced", opts.timeout, tensors, tensors,
-                 [this, tensors, op](uint64_t seq, Deadline deadline) {
+  return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "maestro:all_reduce_coalesced", opts.timeout, tensors, tensors, st,
+                 [this, tensors = host, op](uint64_t seq, Deadline deadline) {
                    int64_t total = 0;
                    for (const auto& t : tensors) total += t.numel();
                    Staged packed = stage(total, tensors[0].options());
@@ -580,17 +616,20 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::Tensor>& tensors,
                                                                 const ::c10d::BroadcastOptions& opts) {
+  auto st = staging("broadcast");
+  std::vector<at::Tensor> host;
   try {
-    checkOne(tensors, "broadcast");
+    host = getRank() == opts.rootRank ? st->inout(tensors) : st->out(tensors);
+    checkOne(host, "broadcast");
     MAESTRO_CHECK(opts.rootTensor == 0, "broadcast: rootTensor must be 0 (one tensor per process)");
     MAESTRO_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "broadcast: root rank ", opts.rootRank,
                   " is not a rank of this group of ", getSize());
   } catch (const Error& e) {
     reject("broadcast", e.what());
   }
-  at::Tensor tensor = tensors[0];
+  at::Tensor tensor = host[0];
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(::c10d::OpType::BROADCAST, "maestro:broadcast", opts.timeout, {tensor}, {tensor},
+  return enqueue(::c10d::OpType::BROADCAST, "maestro:broadcast", opts.timeout, {tensors[0]}, {tensors[0]}, st,
                  [this, tensor, root](uint64_t seq, Deadline deadline) {
                    inPlace(tensor, [&](const collectives::Window& w) {
                      collectives::broadcast(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), root,
@@ -601,18 +640,21 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tensor& output, at::Tensor& input,
                                                                         const ::c10d::AllgatherOptions& opts) {
+  auto st = staging("all_gather_into_tensor");
+  at::Tensor in, out;
   try {
-    checkTensor(input, "the input");
-    checkTensor(output, "the output");
-    checkSameKind(input, output, "the output");
-    MAESTRO_CHECK(output.numel() == input.numel() * getSize(), "allgather_into_tensor: the output has ",
+    in = st->in(input);
+    out = st->out(output);
+    checkTensor(in, "the input");
+    checkTensor(out, "the output");
+    checkSameKind(in, out, "the output");
+    MAESTRO_CHECK(output.numel() == input.numel() * getSize(), "all_gather_into_tensor: the output has ",
                   output.numel(), " elements but must have world size (", getSize(), ") x input (", input.numel(),
                   ") = ", input.numel() * getSize());
   } catch (const Error& e) {
     reject("all_gather_into_tensor", e.what());
   }
-  at::Tensor out = output, in = input;
-  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "maestro:all_gather_into_tensor", opts.timeout, {out}, {in},
+  return enqueue(::c10d::OpType::_ALLGATHER_BASE, "maestro:all_gather_into_tensor", opts.timeout, {output}, {input}, st,
                  [this, out, in](uint64_t seq, Deadline deadline) {
                    at::Tensor src = in.contiguous();  // read locally, never registered
                    if (out.is_contiguous()) {
@@ -631,23 +673,26 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tens
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
                                                                 const ::c10d::AllgatherOptions& opts) {
+  auto st = staging("allgather");
+  std::vector<at::Tensor> ins, outs;
   try {
-    checkOne(inputs, "allgather");
+    ins = st->in(inputs);
+    checkOne(ins, "allgather");
     MAESTRO_CHECK(outputs.size() == 1, "allgather takes one output list per process (got ", outputs.size(), ")");
     MAESTRO_CHECK(static_cast<int>(outputs[0].size()) == getSize(), "allgather: the output list has ",
                   outputs[0].size(), " tensors but the group has ", getSize(), " ranks");
-    for (const auto& o : outputs[0]) {
+    outs = st->out(outputs[0]);
+    for (const auto& o : outs) {
       checkTensor(o, "an output tensor");
-      checkSameKind(inputs[0], o, "an output tensor");
-      MAESTRO_CHECK(o.numel() == inputs[0].numel(), "allgather: an output tensor has ", o.numel(),
-                    " elements but the input has ", inputs[0].numel());
+      checkSameKind(ins[0], o, "an output tensor");
+      MAESTRO_CHECK(o.numel() == ins[0].numel(), "allgather: an output tensor has ", o.numel(),
+                    " elements but the input has ", ins[0].numel());
     }
   } catch (const Error& e) {
     reject("allgather", e.what());
   }
-  std::vector<at::Tensor> outs = outputs[0];
-  at::Tensor in = inputs[0];
-  return enqueue(::c10d::OpType::ALLGATHER, "maestro:all_gather", opts.timeout, outs, {in},
+  at::Tensor in = ins[0];
+  return enqueue(::c10d::OpType::ALLGATHER, "maestro:all_gather", opts.timeout, outputs[0], {inputs[0]}, st,
                  [this, outs, in](uint64_t seq, Deadline deadline) {
                    // Gather into one flat tensor (written in place by the
                    // peers), then copy into the caller's list.
@@ -663,11 +708,15 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std:
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::Tensor& output, at::Tensor& input,
                                                                             const ::c10d::ReduceScatterOptions& opts) {
+  auto st = staging("reduce_scatter_tensor");
+  at::Tensor in, out;
   Reduction op;
   try {
-    checkTensor(input, "the input");
-    checkTensor(output, "the output");
-    checkSameKind(input, output, "the output");
+    in = st->in(input);
+    out = st->out(output);
+    checkTensor(in, "the input");
+    checkTensor(out, "the output");
+    checkSameKind(in, out, "the output");
     MAESTRO_CHECK(input.numel() == output.numel() * getSize(), "reduce_scatter_tensor: the input has ", input.numel(),
                   " elements but must have world size (", getSize(), ") x output (", output.numel(),
                   ") = ", output.numel() * getSize());
@@ -675,8 +724,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::
   } catch (const Error& e) {
     reject("reduce_scatter_tensor", e.what());
   }
-  at::Tensor out = output, in = input;
-  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "maestro:reduce_scatter_tensor", opts.timeout, {out}, {in},
+  return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "maestro:reduce_scatter_tensor", opts.timeout, {output}, {input}, st,
                  [this, out, in, op](uint64_t seq, Deadline deadline) {
                    at::Tensor src = op.source(in);
                    at::Tensor dst = out.is_contiguous() ? out : at::empty_like(out, at::MemoryFormat::Contiguous);
@@ -689,25 +737,28 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                                      const ::c10d::ReduceScatterOptions& opts) {
+  auto st = staging("reduce_scatter");
+  std::vector<at::Tensor> houts, ins;
   Reduction op;
   try {
-    checkOne(outputs, "reduce_scatter");
+    houts = st->out(outputs);
+    checkOne(houts, "reduce_scatter");
     MAESTRO_CHECK(inputs.size() == 1, "reduce_scatter takes one input list per process (got ", inputs.size(), ")");
     MAESTRO_CHECK(static_cast<int>(inputs[0].size()) == getSize(), "reduce_scatter: the input list has ",
                   inputs[0].size(), " tensors but the group has ", getSize(), " ranks");
-    for (const auto& i : inputs[0]) {
+    ins = st->in(inputs[0]);
+    for (const auto& i : ins) {
       checkTensor(i, "an input tensor");
-      checkSameKind(outputs[0], i, "an input tensor");
-      MAESTRO_CHECK(i.numel() == outputs[0].numel(), "reduce_scatter: an input tensor has ", i.numel(),
-                    " elements but the output has ", outputs[0].numel());
+      checkSameKind(houts[0], i, "an input tensor");
+      MAESTRO_CHECK(i.numel() == houts[0].numel(), "reduce_scatter: an input tensor has ", i.numel(),
+                    " elements but the output has ", houts[0].numel());
     }
-    op = toReduction(opts.reduceOp, outputs[0].scalar_type());
+    op = toReduction(opts.reduceOp, houts[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter", e.what());
   }
-  at::Tensor out = outputs[0];
-  std::vector<at::Tensor> ins = inputs[0];
-  return enqueue(::c10d::OpType::REDUCE_SCATTER, "maestro:reduce_scatter", opts.timeout, {out}, ins,
+  at::Tensor out = houts[0];
+  return enqueue(::c10d::OpType::REDUCE_SCATTER, "maestro:reduce_scatter", opts.timeout, {outputs[0]}, inputs[0], st,
                  [this, out, ins, op](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> flat;
                    for (const auto& t : ins) flat.push_back(t.reshape({-1}));
@@ -721,7 +772,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::barrier(const ::c10d::BarrierOptions& opts) {
-  return enqueue(::c10d::OpType::BARRIER, "maestro:barrier", opts.timeout, {}, {},
+  return enqueue(::c10d::OpType::BARRIER, "maestro:barrier", opts.timeout, {}, {}, nullptr,
                  [this](uint64_t seq, Deadline deadline) { collectives::barrier(*engine_, seq, deadline); });
 }
 
@@ -747,17 +798,22 @@ void ProcessGroupMaestro::allgatherPacked(uint64_t seq, Deadline deadline, const
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
     const ::c10d::AllgatherOptions& opts) {
+  auto st = staging("allgather_coalesced");
+  std::vector<std::vector<at::Tensor>> outs;
+  std::vector<at::Tensor> ins;
   try {
+    ins = st->in(inputs);
+    for (const auto& l : outputLists) outs.push_back(st->out(l));
     // torch's layout (as gloo's): outputLists[r][i] receives rank r's input i.
-    checkCoalesced(inputs, nullptr, 1, 1, "allgather_coalesced");
+    checkCoalesced(ins, nullptr, 1, 1, "allgather_coalesced");
     MAESTRO_CHECK(static_cast<int>(outputLists.size()) == getSize(), "allgather_coalesced: ", outputLists.size(),
                   " output lists but the group has ", getSize(), " ranks (one list per rank)");
     for (size_t r = 0; r < outputLists.size(); ++r) {
       MAESTRO_CHECK(outputLists[r].size() == inputs.size(), "allgather_coalesced: output list ", r, " has ",
                     outputLists[r].size(), " tensors but there are ", inputs.size(), " inputs");
       for (size_t i = 0; i < inputs.size(); ++i) {
-        checkTensor(outputLists[r][i], "an output tensor");
-        checkSameKind(inputs[i], outputLists[r][i], "an output tensor");
+        checkTensor(outs[r][i], "an output tensor");
+        checkSameKind(ins[i], outs[r][i], "an output tensor");
         MAESTRO_CHECK(outputLists[r][i].numel() == inputs[i].numel(), "allgather_coalesced: output ", r, "/", i,
                       " has ", outputLists[r][i].numel(), " elements but input ", i, " has ", inputs[i].numel());
       }
@@ -765,10 +821,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
   } catch (const Error& e) {
     reject("allgather_coalesced", e.what());
   }
-  std::vector<std::vector<at::Tensor>> outs = outputLists;
-  std::vector<at::Tensor> ins = inputs, all_outs;
-  for (const auto& l : outs) all_outs.insert(all_outs.end(), l.begin(), l.end());
-  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "maestro:all_gather_coalesced", opts.timeout, all_outs, ins,
+  std::vector<at::Tensor> all_outs;
+  for (const auto& l : outputLists) all_outs.insert(all_outs.end(), l.begin(), l.end());
+  return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "maestro:all_gather_coalesced", opts.timeout, all_outs, inputs, st,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    allgatherPacked(seq, deadline, ins, [&](size_t i, int r, const at::Tensor& block) {
                      outs[r][i].copy_(block.view(outs[r][i].sizes()));
@@ -779,13 +834,16 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const ::c10d::AllgatherOptions& opts) {
+  auto st = staging("all_gather_into_tensor_coalesced");
+  std::vector<at::Tensor> outs, ins;
   try {
-    checkCoalesced(inputs, &outputs, getSize(), 1, "allgather_into_tensor_coalesced");
+    ins = st->in(inputs);
+    outs = st->out(outputs);
+    checkCoalesced(ins, &outs, getSize(), 1, "all_gather_into_tensor_coalesced");
   } catch (const Error& e) {
-    reject("allgather_into_tensor_coalesced", e.what());
+    reject("all_gather_into_tensor_coalesced", e.what());
   }
-  std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "maestro:all_gather_into_tensor_coalesced", opts.timeout, outs, ins,
+  return enqueue(::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "maestro:all_gather_into_tensor_coalesced", opts.timeout, outputs, inputs, st,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> flat;  // contiguous, viewed flat
                    for (const auto& o : outs)
@@ -801,15 +859,18 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesce
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
+  auto st = staging("reduce_scatter_tensor_coalesced");
+  std::vector<at::Tensor> outs, ins;
   Reduction op;
   try {
-    checkCoalesced(inputs, &outputs, 1, getSize(), "reduce_scatter_tensor_coalesced");
-    op = toReduction(opts.reduceOp, inputs[0].scalar_type());
+    ins = st->in(inputs);
+    outs = st->out(outputs);
+    checkCoalesced(ins, &outs, 1, getSize(), "reduce_scatter_tensor_coalesced");
+    op = toReduction(opts.reduceOp, ins[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter_tensor_coalesced", e.what());
   }
-  std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "maestro:reduce_scatter_tensor_coalesced", opts.timeout, outs, ins,
+  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "maestro:reduce_scatter_tensor_coalesced", opts.timeout, outputs, inputs, st,
                  [this, outs, ins, op](uint64_t seq, Deadline deadline) {
                    // Rank r's block: block r of every input, one after another.
                    std::vector<at::Tensor> parts;
@@ -839,18 +900,22 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coal
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce(std::vector<at::Tensor>& tensors,
                                                              const ::c10d::ReduceOptions& opts) {
+  auto st = staging("reduce");
+  std::vector<at::Tensor> host;
   Reduction op;
   try {
-    checkOne(tensors, "reduce");
+    // Only the root's tensor takes the result.
+    host = getRank() == opts.rootRank ? st->inout(tensors) : st->in(tensors);
+    checkOne(host, "reduce");
     MAESTRO_CHECK(opts.rootTensor == 0, "reduce: rootTensor must be 0 (one tensor per process)");
     checkRoot(opts.rootRank, getSize(), "reduce");
-    op = toReduction(opts.reduceOp, tensors[0].scalar_type());
+    op = toReduction(opts.reduceOp, host[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce", e.what());
   }
-  at::Tensor tensor = tensors[0];
+  at::Tensor tensor = host[0];
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(::c10d::OpType::REDUCE, "maestro:reduce", opts.timeout, {tensor}, {tensor},
+  return enqueue(::c10d::OpType::REDUCE, "maestro:reduce", opts.timeout, {tensors[0]}, {tensors[0]}, st,
                  [this, tensor, op, root](uint64_t seq, Deadline deadline) {
                    auto run = [&](const collectives::Window& w) {
                      collectives::reduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op.op, root,
@@ -871,20 +936,23 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::gather(std::vector<std::ve
                                                              std::vector<at::Tensor>& inputs,
                                                              const ::c10d::GatherOptions& opts) {
   const int root = static_cast<int>(opts.rootRank);
+  auto st = staging("gather");
+  std::vector<at::Tensor> ins, outs;  // only the root has outputs; elsewhere torch passes none
   try {
-    checkOne(inputs, "gather");
+    ins = st->in(inputs);
+    checkOne(ins, "gather");
     checkRoot(opts.rootRank, getSize(), "gather");
     if (getRank() == root) {
       MAESTRO_CHECK(outputs.size() == 1, "gather: the root takes one output list (got ", outputs.size(), ")");
-      checkList(outputs[0], inputs[0], getSize(), "gather", "output");
+      outs = st->out(outputs[0]);
+      checkList(outs, ins[0], getSize(), "gather", "output");
     }
   } catch (const Error& e) {
     reject("gather", e.what());
   }
-  // Only the root has outputs; elsewhere torch passes none.
-  std::vector<at::Tensor> outs = getRank() == root ? outputs[0] : std::vector<at::Tensor>{};
-  at::Tensor in = inputs[0];
-  return enqueue(::c10d::OpType::GATHER, "maestro:gather", opts.timeout, outs, {in},
+  at::Tensor in = ins[0];
+  return enqueue(::c10d::OpType::GATHER, "maestro:gather", opts.timeout,
+                 getRank() == root ? outputs[0] : std::vector<at::Tensor>{}, {inputs[0]}, st,
                  [this, outs, in, root](uint64_t seq, Deadline deadline) {
                    PinnedList src(this, {in}, true), dst(this, outs, false);
                    collectives::gather(*engine_, seq, src.windows[0], dst.windows, in.numel(),
@@ -897,19 +965,23 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::scatter(std::vector<at::Te
                                                               std::vector<std::vector<at::Tensor>>& inputs,
                                                               const ::c10d::ScatterOptions& opts) {
   const int root = static_cast<int>(opts.rootRank);
+  auto st = staging("scatter");
+  std::vector<at::Tensor> houts, ins;  // only the root has inputs
   try {
-    checkOne(outputs, "scatter");
+    houts = st->out(outputs);
+    checkOne(houts, "scatter");
     checkRoot(opts.rootRank, getSize(), "scatter");
     if (getRank() == root) {
       MAESTRO_CHECK(inputs.size() == 1, "scatter: the root takes one input list (got ", inputs.size(), ")");
-      checkList(inputs[0], outputs[0], getSize(), "scatter", "input");
+      ins = st->in(inputs[0]);
+      checkList(ins, houts[0], getSize(), "scatter", "input");
     }
   } catch (const Error& e) {
     reject("scatter", e.what());
   }
-  std::vector<at::Tensor> ins = getRank() == root ? inputs[0] : std::vector<at::Tensor>{};
-  at::Tensor out = outputs[0];
-  return enqueue(::c10d::OpType::SCATTER, "maestro:scatter", opts.timeout, {out}, ins,
+  at::Tensor out = houts[0];
+  return enqueue(::c10d::OpType::SCATTER, "maestro:scatter", opts.timeout, {outputs[0]},
+                 getRank() == root ? inputs[0] : std::vector<at::Tensor>{}, st,
                  [this, out, ins, root](uint64_t seq, Deadline deadline) {
                    PinnedList src(this, ins, true), dst(this, {out}, false);
                    collectives::scatter(*engine_, seq, src.windows, dst.windows[0], out.numel(),
@@ -921,16 +993,19 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::scatter(std::vector<at::Te
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall(std::vector<at::Tensor>& outputs,
                                                                std::vector<at::Tensor>& inputs,
                                                                const ::c10d::AllToAllOptions& opts) {
+  auto st = staging("all_to_all");
+  std::vector<at::Tensor> outs, ins;
   try {
-    MAESTRO_CHECK(!inputs.empty(), "all_to_all: the input list is empty");
-    checkList(inputs, inputs[0], getSize(), "all_to_all", "input", false);
-    checkList(outputs, inputs[0], getSize(), "all_to_all", "output", false);
-    checkToItself(inputs[getRank()].numel(), outputs[getRank()].numel(), "all_to_all");
+    ins = st->in(inputs);
+    outs = st->out(outputs);
+    MAESTRO_CHECK(!ins.empty(), "all_to_all: the input list is empty");
+    checkList(ins, ins[0], getSize(), "all_to_all", "input", false);
+    checkList(outs, ins[0], getSize(), "all_to_all", "output", false);
+    checkToItself(ins[getRank()].numel(), outs[getRank()].numel(), "all_to_all");
   } catch (const Error& e) {
     reject("all_to_all", e.what());
   }
-  std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(::c10d::OpType::ALLTOALL, "maestro:all_to_all", opts.timeout, outs, ins,
+  return enqueue(::c10d::OpType::ALLTOALL, "maestro:all_to_all", opts.timeout, outputs, inputs, st,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> sources;
                    for (const auto& t : ins) {
@@ -954,19 +1029,22 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_to_all_single(at::Tens
                                                                         std::vector<int64_t>& outputSplitSizes,
                                                                         std::vector<int64_t>& inputSplitSizes,
                                                                         const ::c10d::AllToAllOptions& opts) {
+  auto st = staging("all_to_all_single");
   std::vector<uint64_t> sends, recvs;
+  at::Tensor in, out;
   try {
-    checkTensor(input, "the input");
-    checkTensor(output, "the output");
-    checkSameKind(input, output, "the output");
+    in = st->in(input);
+    out = st->out(output);
+    checkTensor(in, "the input");
+    checkTensor(out, "the output");
+    checkSameKind(in, out, "the output");
     sends = splitCounts(inputSplitSizes, input, getSize(), "input");
     recvs = splitCounts(outputSplitSizes, output, getSize(), "output");
     checkToItself(sends[getRank()], recvs[getRank()], "all_to_all_single");
   } catch (const Error& e) {
     reject("all_to_all_single", e.what());
   }
-  at::Tensor out = output, in = input;
-  return enqueue(::c10d::OpType::ALLTOALL_BASE, "maestro:all_to_all_single", opts.timeout, {out}, {in},
+  return enqueue(::c10d::OpType::ALLTOALL_BASE, "maestro:all_to_all_single", opts.timeout, {output}, {input}, st,
                  [this, out, in, sends, recvs](uint64_t seq, Deadline deadline) {
                    at::Tensor source = in.numel() && out.numel() && in.is_alias_of(out) ? in.clone() : in;
                    PinnedList src(this, {source}, true), dst(this, {out}, false);
@@ -1006,7 +1084,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(bool send, st
   const char* name = send ? "send" : "recv";
   // Only this rank and its peer are involved: a bad argument raises here and
   // leaves the group as it was (the peer's matching call times out).
-  checkOne(tensors, name);
+  auto st = staging(name);
+  std::vector<at::Tensor> host = send ? st->in(tensors) : st->out(tensors);
+  checkOne(host, name);
   MAESTRO_CHECK(static_cast<uint32_t>(tag) - kReservedTagBase >= kReservedTags, name, ": tag ", tag,
                 " is reserved by maestro (tags from ", static_cast<int32_t>(kReservedTagBase), " to ",
                 static_cast<int32_t>(kReservedTagBase + kReservedTags - 1), ")");
@@ -1014,20 +1094,27 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(bool send, st
     std::lock_guard<std::mutex> lock(mu_);
     MAESTRO_CHECK(!stopping_ && engine_, "maestro ", name, ": the process group was shut down");
   }
-  at::Tensor tensor = tensors[0];
+  at::Tensor tensor = host[0];
   // Zero copy where the layout allows: the peer writes straight into a
   // contiguous recv tensor, a send is read straight from a contiguous one.
   at::Tensor buffer = tensor.is_contiguous() ? tensor : (send ? tensor.contiguous() : at::empty_like(tensor, at::MemoryFormat::Contiguous));
   auto work = c10::make_intrusive<MaestroWork>(getRank(), send ? ::c10d::OpType::SEND : (peer < 0 ? ::c10d::OpType::RECVANYSOURCE : ::c10d::OpType::RECV),
                                                0, send ? "maestro:send" : (peer < 0 ? "maestro:recvAnySource" : "maestro:recv"),
-                                               send ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{tensor},
-                                               std::vector<at::Tensor>{tensor});
+                                               send ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{tensors[0]},
+                                               std::vector<at::Tensor>{tensors[0]}, st->devices());
+  if (st->active()) {
+    work->setCopies(st->copies());
+    st->called();
+    st->copyIn();  // a send's bytes are in its stand-in before it is posted (this call waits for that copy)
+  }
   auto pin = std::make_shared<Pinned>(this, buffer);
   const uint64_t bytes = buffer.numel() * buffer.element_size();
-  collectives::PointToPoint::Done done = [work, pin, tensor, buffer, send](std::exception_ptr error, int source) mutable {
-    if (!error && !send && !buffer.is_same(tensor)) {
+  collectives::PointToPoint::Done done = [work, pin, tensor, buffer, send, st](std::exception_ptr error,
+                                                                                 int source) mutable {
+    if (!error && !send) {
       try {
-        tensor.copy_(buffer);
+        if (!buffer.is_same(tensor)) tensor.copy_(buffer);
+        st->copyOut();
       } catch (const std::exception&) {
         error = std::current_exception();
       }
@@ -1035,6 +1122,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(bool send, st
     pin.reset();  // unpinned before the Work completes: the caller may free the tensor then
     if (!send) work->setSource(source);
     work->complete(error);
+    st->finish();
   };
   const Deadline deadline = deadlineAfter(timeout_.load());
   if (send) p2p_->send(peer, static_cast<uint32_t>(tag), pin->window, bytes, deadline, std::move(done));

@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "c10d/staging.hpp"
 #include "c10d/work.hpp"
 #include "collectives/collectives.h"
 #include "collectives/p2p.h"
@@ -139,6 +140,11 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // where it sends on paths of its own.
   int channel() const { return static_cast<int>(live("channel")->channel()); }
   std::map<std::string, double> cacheStats() const;
+  std::map<std::string, double> stagingStats() const {
+    return {{"slabs", static_cast<double>(staging_pool_->slabs())},
+            {"bytes", static_cast<double>(staging_pool_->bytes())},
+            {"allocations", static_cast<double>(staging_pool_->allocations())}};
+  }
   std::vector<double> chunkTimes(bool clear) { return live("chunk_times")->chunkTimes(clear); }
 
  private:
@@ -148,11 +154,17 @@ class ProcessGroupMaestro : public ::c10d::Backend {
     c10::intrusive_ptr<MaestroWork> work;
     Job job;
     std::chrono::milliseconds timeout = ::c10d::kUnsetTimeout;  // unset: the group's
+    std::shared_ptr<OpStaging> staging;  // null, or the host stand-ins it copies in and out
   };
 
-  // Queue `job` under the next sequence number.
+  // Queue `job` under the next sequence number. `outputs` and `inputs` are
+  // the caller's tensors (the Work keeps them); the job runs on their host
+  // stand-ins where `staging` made any (copied in before it, back after).
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::chrono::milliseconds timeout,
-                                           std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs, Job job);
+                                           std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+                                           std::shared_ptr<OpStaging> staging, Job job);
+  // The host stand-ins of one call's tensors (MAESTRO_STAGING).
+  std::shared_ptr<OpStaging> staging(const char* name);
   // An input check failed on this rank: abort the operation it would have
   // been on every rank (so no peer waits for it), then throw. The sequence
   // number is used up, so the ranks stay in step; this rank stays usable.
@@ -219,6 +231,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   std::unique_ptr<collectives::PointToPoint> p2p_;
   std::atomic<uint32_t> monitored_barriers_{0};  // calls so far: each one's tag  // stopped before the cache and the engine go
   std::shared_ptr<multipath::RegistrationCache> cache_;
+  StagingMode staging_mode_;
+  std::shared_ptr<StagingPool> staging_pool_;
   std::atomic<std::chrono::milliseconds> timeout_;
 
   std::mutex stop_mu_;  // one stopWorker() at a time: a second waits, then finds nothing to stop

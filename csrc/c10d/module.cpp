@@ -72,6 +72,8 @@ PYBIND11_MODULE(_C, m) {
            [](const ProcessGroupMaestro& pg) { return maestro::c10d_glue::pathStatsToPython(pg.pathStats()); })
       .def("describe", &ProcessGroupMaestro::describe)
       .def("registration_cache_stats", &ProcessGroupMaestro::cacheStats)
+      .def("staging_stats", &ProcessGroupMaestro::stagingStats,
+           "the staging pool: slabs kept, their bytes, slabs allocated so far (MAESTRO_STAGING)")
       .def("chunk_times", &ProcessGroupMaestro::chunkTimes, py::arg("clear") = false,
            "completion times (post to ACK, seconds) of this rank's most recent chunks")
       .def_property_readonly("transport", &ProcessGroupMaestro::transportName)
@@ -89,6 +91,8 @@ PYBIND11_MODULE(_C, m) {
 #else
   m.attr("has_verbs") = false;
 #endif
+  // Whether CUDA tensors are staged (built against a torch with CUDA).
+  m.attr("has_cuda") = maestro::c10d_glue::stagingHasCuda();
   m.def("knobs", [] {
     py::list out;
     for (const auto& k : maestro::knobs()) {

@@ -2,18 +2,24 @@
 
 #include <ATen/core/jit_type.h>
 
+#include <c10/core/StreamGuard.h>
+
+#include <optional>
+
 #include "common/error.h"
 
 namespace maestro {
 namespace c10d_glue {
 
 MaestroWork::MaestroWork(int rank, ::c10d::OpType type, uint64_t seq, const char* profiling_title,
-                         std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs)
+                         std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+                         std::vector<c10::Device> devices)
     : Work(rank, type, profiling_title, std::optional<std::vector<at::Tensor>>(inputs)),
       seq_(seq),
       outputs_(std::move(outputs)),
       inputs_(std::move(inputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::move(devices))) {}
 
 bool MaestroWork::isCompleted() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -39,7 +45,14 @@ bool MaestroWork::wait(std::chrono::milliseconds timeout) {
                        " ms; the collective is still running (it fails on its own at the group timeout)"));
   }
   if (exception_) std::rethrow_exception(exception_);
+  lock.unlock();
+  if (copies_) copies_->streamWait();
   return true;
+}
+
+void MaestroWork::synchronize() {
+  wait();
+  if (copies_) copies_->hostWait();
 }
 
 int MaestroWork::sourceRank() const {
@@ -53,9 +66,14 @@ c10::intrusive_ptr<c10::ivalue::Future> MaestroWork::getFuture() { return future
 std::vector<at::Tensor> MaestroWork::result() { return outputs_; }
 
 void MaestroWork::complete(std::exception_ptr error) {
-  // The future first: a caller woken by finish() may read it at once.
+  // The future first: a caller woken by finish() may read it at once. On a
+  // device, it records its events on the stream of the copies back, so its
+  // users wait for them (and no longer).
+  std::optional<c10::StreamGuard> guard;
+  if (copies_ && copies_->stream()) guard.emplace(*copies_->stream());
   if (error) future_->setError(error);
   else future_->markCompleted(c10::IValue(outputs_));
+  guard.reset();
   inputs_.clear();
   finish(error);
 }

@@ -12,21 +12,30 @@
 #include <exception>
 #include <vector>
 
+#include "c10d/staging.hpp"
+
 namespace maestro {
 namespace c10d_glue {
 
 class MaestroWork : public ::c10d::Work {
  public:
+  // `devices`: where the tensors are, when not on the CPU (the future then
+  // follows their streams).
   MaestroWork(int rank, ::c10d::OpType type, uint64_t seq, const char* profiling_title,
-              std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs);
+              std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
+              std::vector<c10::Device> devices = {});
 
   bool isCompleted() override;
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   // Blocks until the operation finished (it has its own deadline, the group
   // timeout), or until `timeout` if one is given; rethrows the operation's
-  // error on this rank.
+  // error on this rank. Staged device tensors: the data is in host memory
+  // then, and the caller's current stream waits for its copy back (the host
+  // does not).
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // wait(), and the host waits for the copy back too.
+  void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override { return seq_; }
@@ -35,6 +44,9 @@ class MaestroWork : public ::c10d::Work {
 
   // Before complete(): the rank a received message came from.
   void setSource(int rank) { source_.store(rank); }
+
+  // Staged device tensors: the copies back into them (before complete()).
+  void setCopies(std::shared_ptr<CopyEngine> copies) { copies_ = std::move(copies); }
 
   // Called once by the worker.
   void complete(std::exception_ptr error);
@@ -45,6 +57,7 @@ class MaestroWork : public ::c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> inputs_;  // kept alive until the operation is done
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<CopyEngine> copies_;
 };
 
 }  // namespace c10d_glue

@@ -256,6 +256,12 @@ std::vector<Knob> buildKnobs() {
        "its traffic kept apart by group, where its path knobs match the default group's; 0: it opens its own",
        true, [](const Config& c) { return std::string(c.share_paths ? "1" : "0"); },
        [](Config& c, const std::string& v) { c.share_paths = parseBool("MAESTRO_SHARE_PATHS", v); }},
+      {"staging", "MAESTRO_STAGING", "auto",
+       "auto: CUDA tensors travel through pinned host slabs registered once (copies on a side stream, stream "
+       "order as NCCL's); force: CPU tensors take the same steps (a test of the staging without a GPU); off: "
+       "CUDA tensors are refused",
+       false, [](const Config& c) { return c.staging; },
+       [](Config& c, const std::string& v) { c.staging = oneOf("MAESTRO_STAGING", v, {"auto", "force", "off"}); }},
       {"discovery", "MAESTRO_DISCOVERY", "auto",
        "ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own 5-tuple, "
        "keep one per distinct hop (for ECMP-hashed networks); auto: ttl when a probe from some rank towards its "

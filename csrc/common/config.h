@@ -47,6 +47,9 @@ struct Config {
   // A subgroup's traffic runs on the paths the process already has to each
   // peer (its default group's), kept apart by channel; off: it opens its own.
   bool share_paths = true;
+  // auto: CUDA tensors travel through pinned host slabs (c10d/staging.hpp) |
+  // force: CPU tensors too (tests the staging without a GPU) | off: CUDA refused.
+  std::string staging = "auto";
   // off | ttl: find disjoint routes among candidate connections | auto: ttl
   // where a router answers a probe between ranks (the QP manager resolves it
   // to off or ttl at set-up).
