@@ -22,6 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import fabric_sim_report  # noqa: E402
+import gpu_report  # noqa: E402
 from variants import is_gloo  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -678,7 +679,7 @@ SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectiv
             "p2p_alltoall": sec_p2p_alltoall, "models": sec_models, "load_balance": sec_load_balance,
             "detection": sec_detection, "resiliency": sec_resiliency, "latency": sec_latency,
             "overheads": sec_overheads, "discovery": sec_discovery, "hunting": sec_hunting,
-            "footprint": sec_footprint, "fabric_sim": fabric_sim_report.section}
+            "footprint": sec_footprint, "fabric_sim": fabric_sim_report.section, "gpu": gpu_report.section}
 
 
 # ---------------------------------------------------------------- docs/performance.md
@@ -1018,7 +1019,8 @@ def update_readme(readme: str, recs: dict) -> None:
     text = open(readme).read()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme}: markers {BEGIN} / {END} not found")
-    recs = {k: r for k, r in recs.items() if k != "fabric_sim"}  # a simulation: not the lab's headline
+    # A simulation and the GPU machine's loopback: not the lab's headline.
+    recs = {k: r for k, r in recs.items() if k not in ("fabric_sim", "gpu")}
     rows = headline(recs)
     runs = runs_of(recs, recs)
     commands = list(dict.fromkeys((cmd, c) for cmd, c, _ in runs))

@@ -382,8 +382,14 @@ def run(args, group=None) -> dict:
     result.update(summarize([e["steps"] for e in everyone], args.warmup))
     result["samples_per_s"] = world * args.batch / result["iteration_s"]
     result["losses"] = [[s.loss for s in e["steps"]] for e in everyone]
+    result["device"] = args.device
     if compute:
         result["compute_s"] = statistics.median(max(e["compute"][i] for e in everyone) for i in range(len(compute)))
+        if result["exposed_comm_s"] is None and cfg.mode == "ddp":
+            # On a GPU the hooks' host times say nothing (see Trainer.step):
+            # what the sync adds is the step minus the same step without it.
+            result["exposed_comm_s"] = max(0.0, result["iteration_s"] - result["compute_s"])
+            result["exposed_comm_from"] = "iteration - compute alone"
     if args.checksum:
         result["params_sha256"] = [e["sha256"] for e in everyone]
     if everyone[0]["after"] is not None:
@@ -424,12 +430,13 @@ def maestro_options(args):
 def check_backend(args, ap) -> None:
     """Set args.device from --backend; refuse what this machine cannot run."""
     gpu = torch.cuda.is_available()
-    if args.backend in ("nccl", "cuda:maestro") and not gpu:
-        ap.error(f"--backend {args.backend} trains on a GPU, and torch sees none here (torch.cuda.is_available() is "
-                 "False); use --backend maestro or gloo (CPU)")
-    if args.backend == "cuda:maestro":
-        ap.error("--backend cuda:maestro: maestro moves CPU tensors only (CUDA tensors are not supported yet); "
-                 "on a GPU train with --backend nccl, or keep the model on the CPU with --backend maestro")
+    if args.device is None:
+        args.device = "cuda" if args.backend == "nccl" else "cpu"
+    if args.backend == "nccl" and args.device != "cuda":
+        ap.error("--backend nccl: trains on a GPU (--device cuda)")
+    if args.device == "cuda" and not gpu:
+        ap.error(f"--device cuda ({'--backend nccl' if args.backend == 'nccl' else 'a GPU'}): torch sees no GPU here "
+                 "(torch.cuda.is_available() is False); use --device cpu with --backend maestro or gloo")
     maestro_knobs = [f for f, v in (("--policy", args.policy), ("--paths", args.paths),
                                     ("--chunk-size", args.chunk_size)) if v is not None]
     if maestro_knobs and args.backend != "maestro":
@@ -447,15 +454,19 @@ def check_backend(args, ap) -> None:
         ap.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}): warm-up steps are not timed")
     if args.fsdp and args.compute_steps:
         ap.error("--compute-steps needs DDP's no_sync (not available under --fsdp)")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    args.device = f"cuda:{local}" if args.backend == "nccl" else "cpu"
+    if args.device == "cuda":
+        # Ranks share the GPUs there are (several ranks on one GPU work too).
+        args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
+        torch.cuda.set_device(torch.device(args.device))
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=MODELS, default="vgg19")
-    ap.add_argument("--backend", default="maestro", choices=["maestro", "gloo", "nccl", "cuda:maestro"],
-                    help="maestro or gloo train on the CPU; nccl (and cuda:maestro) need a GPU")
+    ap.add_argument("--backend", default="maestro", choices=["maestro", "gloo", "nccl"])
+    ap.add_argument("--device", choices=["cpu", "cuda"],
+                    help="where the model trains: cpu (the default for maestro and gloo) or cuda (nccl's; maestro "
+                         "stages CUDA tensors through pinned host memory, gloo copies them too)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--ddp", action="store_true", help="DistributedDataParallel (the default)")
     mode.add_argument("--fsdp", action="store_true", help="FSDP2 (torch.distributed.fsdp.fully_shard)")

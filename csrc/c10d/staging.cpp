@@ -24,7 +24,7 @@ size_t slabSize(size_t bytes) {
 // when they return.
 class HostCopies : public CopyEngine {
  public:
-  void markCaller() override {}
+  void start(const Copies&) override {}
   void toHost(const Copies& copies) override {
     for (const auto& [dst, src] : copies) dst.copy_(src);
   }
@@ -45,20 +45,25 @@ class HostCopies : public CopyEngine {
 class DeviceCopies : public CopyEngine {
  public:
   DeviceCopies(c10::Device device, c10::Stream side)
-      : device_(device), impl_(device.type()), side_(side), caller_(device.type()), back_(device.type()) {}
+      : device_(device),
+        impl_(device.type()),
+        side_(side),
+        caller_(device.type()),
+        staged_(device.type()),
+        back_(device.type()) {}
 
-  void markCaller() override { caller_.record(impl_.getStream(device_)); }
-
-  void toHost(const Copies& copies) override {
+  void start(const Copies& copies) override {
+    caller_.record(impl_.getStream(device_));
     // The copies back go on the same stream, after this wait: a tensor the
     // caller's stream still reads is not overwritten early either.
     caller_.block(side_);
-    if (copies.empty()) return;
     c10::StreamGuard guard(side_);
     for (const auto& [dst, src] : copies) dst.copy_(src, /*non_blocking=*/true);
-    c10::Event staged(device_.type());
-    staged.record(side_);
-    staged.synchronize();  // the worker's thread waits; the caller's does not
+    staged_.record(side_);
+  }
+
+  void toHost(const Copies&) override {
+    staged_.synchronize();  // the worker's thread waits; the caller's does not
   }
 
   void toCaller(const Copies& copies) override {
@@ -81,7 +86,7 @@ class DeviceCopies : public CopyEngine {
   c10::Device device_;
   c10::impl::VirtualGuardImpl impl_;
   c10::Stream side_;
-  c10::Event caller_, back_;
+  c10::Event caller_, staged_, back_;
   std::atomic<bool> recorded_{false};
 };
 
@@ -260,7 +265,7 @@ std::vector<c10::Device> OpStaging::devices() const {
 }
 
 void OpStaging::called() {
-  if (copies_) copies_->markCaller();
+  if (copies_) copies_->start(in_);
 }
 
 void OpStaging::copyIn() {

@@ -13,8 +13,10 @@
 // Stream semantics follow ProcessGroupNCCL's:
 //   - at the call, an event is recorded on the caller's current stream: the
 //     copies wait for it (an event, never a device sync);
-//   - the copies run on a side stream of the backend (device -> slab when the
-//     operation starts on the worker; slab -> device when its data is there);
+//   - the copies run on a side stream of the backend: device -> slab from the
+//     call on (so an operation's copy in overlaps the transfer of the ones
+//     queued before it, e.g. DDP's gradient buckets), slab -> device as soon
+//     as the operation's data is there;
 //   - Work.wait() makes the caller's current stream wait for the copy back;
 //     Work.synchronize() blocks the host until it is done;
 //   - the caller's tensors are record_stream'ed on the side stream, so the
@@ -59,9 +61,11 @@ class CopyEngine {
   using Copies = std::vector<std::pair<at::Tensor, at::Tensor>>;  // (destination, source)
   virtual ~CopyEngine() = default;
   // At the call, on the caller's thread: the caller's work so far is what
-  // the copies wait for.
-  virtual void markCaller() = 0;
-  // Copies into the host stand-ins; returns once they are complete.
+  // the copies wait for. Device copies into the stand-ins start here, so
+  // they run while the operations queued before this one are on the wire.
+  virtual void start(const Copies& copies) = 0;
+  // On the worker: the copies into the host stand-ins are complete when it
+  // returns (host copies are made here).
   virtual void toHost(const Copies& copies) = 0;
   // Copies back into the caller's tensors; does not wait for them.
   virtual void toCaller(const Copies& copies) = 0;

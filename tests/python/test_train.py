@@ -128,16 +128,18 @@ def train_main(argv):
     return e.value.code
 
 
-def test_gpu_backends_are_refused_clearly_where_they_cannot_run(capsys):
-    """Without a GPU, nccl and cuda:maestro say that torch sees none; with one,
-    cuda:maestro still says that maestro moves CPU tensors only (nccl would
-    train there). Nothing is skipped on either kind of machine."""
-    gpu = torch.cuda.is_available()
-    for backend in ["cuda:maestro"] + ([] if gpu else ["nccl"]):
-        assert train_main(["--backend", backend]) == 2
+def test_gpu_training_is_refused_clearly_where_it_cannot_run(capsys):
+    """Without a GPU, --device cuda (any backend) and nccl say that torch sees
+    none; nccl on the CPU is refused on any machine."""
+    assert train_main(["--backend", "nccl", "--device", "cpu"]) == 2
+    assert "--backend nccl: trains on a GPU" in capsys.readouterr().err
+    if torch.cuda.is_available():
+        return  # the GPU runs are tests/python/test_cuda.py's
+    for argv in (["--backend", "nccl"], ["--backend", "maestro", "--device", "cuda"],
+                 ["--backend", "gloo", "--device", "cuda"]):
+        assert train_main(argv) == 2
         err = capsys.readouterr().err
-        want = "maestro moves CPU tensors only" if gpu else "torch.cuda.is_available() is False"
-        assert want in err, err
+        assert "torch.cuda.is_available() is False" in err, err
 
 
 def test_maestro_options_are_refused_for_gloo(capsys):

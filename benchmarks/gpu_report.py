@@ -1,0 +1,188 @@
+"""The GPU section of docs/results.md: from the folder scripts/gpu_check.sh
+wrote on a GPU machine to a record docs/results/data/gpu.json (the suite's
+record format), and from the record to its section (benchmarks/report.py
+calls section() as it does for every experiment).
+
+    python benchmarks/gpu_report.py build/gpu-check/gpu --seconds 412   # record, then the whole report
+
+What the record holds, every figure measured in that run:
+  - allreduce_cuda: 64 MiB allreduce on CUDA tensors at 2 and 4 ranks
+    sharing the GPU, maestro / gloo / maestro on the same data as CPU
+    tensors, interleaved blocks (benchmarks/allreduce_bench.py --device cuda);
+  - train: benchmarks/train.py --device cuda, DDP on 2 ranks, maestro and gloo;
+  - allreduce_cpu_host: the loopback demo's 64 MiB CPU allreduce at 4-16
+    ranks on that machine's cores, maestro vs gloo in the same processes.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+COMMAND = "scripts/gpu_check.sh"
+
+
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def collect(folder: str, seconds: float, date: str | None = None) -> dict:
+    """The record of one gpu_check.sh run from its folder."""
+    with open(os.path.join(folder, "machine.json")) as f:
+        machine = json.load(f)
+    train = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("train_") and name.endswith(".json"):
+            with open(os.path.join(folder, name)) as f:
+                r = json.load(f)
+            train.setdefault(r["model"], {})[r["backend"]] = r
+    data = {"lab": f"none: every rank on one machine over loopback, sharing its GPU ({machine.get('gpu')})",
+            "gpu": machine.get("gpu"), "gpus": machine.get("gpus"),
+            "allreduce_cuda": _jsonl(os.path.join(folder, "allreduce_cuda.jsonl")),
+            "allreduce_cpu_host": _jsonl(os.path.join(folder, "allreduce_cpu_host.jsonl")),
+            "train": train}
+    log = os.path.join(folder, "gpu_check.log")
+    failed = []
+    if os.path.exists(log):
+        failed = [line.strip()[3:] for line in open(log) if line.startswith("== FAILED")]
+    data["failed_steps"] = failed
+    return {"experiment": "gpu", "status": "ok", "date": date or datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": COMMAND, "quick": False, "seconds": seconds,
+            "machine": {"cores": machine.get("cores"), "cpu": machine.get("gpu") or "no GPU",
+                        "memory_GiB": machine.get("memory_GiB", "?"), "kernel": machine.get("kernel", "?"),
+                        "torch": machine.get("torch"), "maestro_commit": machine.get("commit")},
+            "data": data}
+
+
+def _busbw_cell(variant: dict, nbytes: int, ranks: int) -> tuple[float, str]:
+    bw = [nbytes / t / 1e9 * 2 * (ranks - 1) / ranks for t in variant.get("times_s", [variant["median_s"]])]
+    med = variant["busbw_GBps"]
+    return med, (f"{med:.2f} ({min(bw):.2f}-{max(bw):.2f})" if len(bw) > 1 else f"{med:.2f}")
+
+
+def section(rec: dict, out: str) -> tuple[str, str]:
+    import report
+
+    d = rec["data"]
+    parts = []
+    rows, plot = [], {}
+    for r in d["allreduce_cuda"]:
+        n, nbytes = r["ranks"], r["bytes"]
+        cells = {v: _busbw_cell(r[v], nbytes, n) for v in ("maestro", "gloo", "maestro-cpu") if v in r}
+        for v, (med, _) in cells.items():
+            plot.setdefault(v, []).append((n, med, r[v]))
+        exposed = r.get("copy_exposed")
+        rows.append([n, cells["maestro"][1], cells["gloo"][1] if "gloo" in cells else "-",
+                     cells["maestro-cpu"][1] if "maestro-cpu" in cells else "-",
+                     f"**{r['ratio_busbw']:.2f}x**" if "ratio_busbw" in r else "-",
+                     f"{r['ratio_vs_cpu']:.2f}" if "ratio_vs_cpu" in r else "-",
+                     f"{exposed:.0%}" if exposed is not None else "-", "yes" if r["ok"] else "NO"])
+    if rows:
+        samples = d["allreduce_cuda"][0]["maestro"]["samples"]
+        parts.append(
+            f"64 MiB allreduce on CUDA tensors ({d['gpu']}), every rank on this one GPU, over maestro's 4 loopback "
+            f"paths: maestro (CUDA tensors staged through pinned host slabs), gloo (CUDA tensors, its own host "
+            f"copies), and maestro on the same data as CPU tensors, in the same processes, timed in interleaved "
+            f"blocks; busbw median (min-max) of {samples} timings each. Copy time exposed: (CUDA op - CPU op) / "
+            f"CUDA op, of the medians.\n\n"
+            + report.table(["ranks", "maestro CUDA busbw GB/s", "gloo CUDA busbw GB/s", "maestro CPU busbw GB/s",
+                            "maestro vs gloo (CUDA)", "maestro CUDA / CPU", "copy time exposed", "exact"], rows))
+    trows = []
+    for model, by in sorted(d["train"].items()):
+        m, g = by.get("maestro"), by.get("gloo")
+        if not m:
+            continue
+
+        def cell(r, key, fmt):
+            return fmt.format(r[key]) if r and r.get(key) is not None else "-"
+        same = "-"
+        if m and g:
+            same = "yes" if m["losses"] == g["losses"] and m.get("params_sha256") == g.get("params_sha256") else (
+                "losses yes, parameters differ" if m["losses"] == g["losses"] else "NO")
+        trows.append([model, f"{m['world']} x {m['batch']} ({m['input']})", cell(m, "samples_per_s", "{:.1f}"),
+                      cell(g, "samples_per_s", "{:.1f}"),
+                      f"**{m['samples_per_s'] / g['samples_per_s']:.2f}x**" if g else "-",
+                      cell(m, "exposed_comm_s", "{:.3f}"), cell(g, "exposed_comm_s", "{:.3f}"),
+                      cell(m, "compute_s", "{:.3f}"), same])
+    if trows:
+        any_m = next(iter(d["train"].values()))["maestro"]
+        parts.append(
+            f"`benchmarks/train.py --device cuda`, DDP, {any_m['world']} ranks sharing the GPU, "
+            f"{any_m['steps']} steps ({any_m['warmup']} warm-up): samples/s from the median iteration; exposed "
+            f"communication = iteration - the same step without the gradient sync (DDP no_sync, --compute-steps); "
+            f"losses and final parameters compared step by step between the backends.\n\n"
+            + report.table(["model", "ranks x batch", "maestro samples/s", "gloo samples/s", "maestro vs gloo",
+                            "maestro exposed comm s", "gloo exposed comm s", "compute alone s",
+                            "same losses and parameters"], trows))
+    hrows = []
+    for r in d["allreduce_cpu_host"]:
+        n, nbytes = r["ranks"], r["bytes"]
+        m, g = _busbw_cell(r["maestro"], nbytes, n), _busbw_cell(r["gloo"], nbytes, n)
+        hrows.append([n, m[1], g[1], f"**{r['ratio_busbw']:.2f}x**", "yes" if r["ok"] else "NO"])
+    if hrows:
+        parts.append(
+            f"A {rec['machine']['cores']}-core host: the loopback demo's 64 MiB CPU allreduce (maestro's defaults, "
+            f"4 loopback paths) at more ranks than the 2-core figures above can hold, maestro vs gloo in the same "
+            f"processes, interleaved blocks; busbw median (min-max).\n\n"
+            + report.table(["ranks", "maestro busbw GB/s", "gloo busbw GB/s", "maestro vs gloo", "exact"], hrows))
+    if plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        width = 0.25
+        for i, v in enumerate(("maestro", "gloo", "maestro-cpu")):
+            pts = plot.get(v, [])
+            if not pts:
+                continue
+            xs = [j + (i - 1) * width for j in range(len(pts))]
+            meds = [p[1] for p in pts]
+            lo, hi = [], []
+            for n, med, var in pts:
+                bw = [64 * 2**20 / t / 1e9 * 2 * (n - 1) / n for t in var.get("times_s", [var["median_s"]])]
+                lo.append(med - min(bw))
+                hi.append(max(bw) - med)
+            ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3,
+                   label={"maestro": "maestro, CUDA", "gloo": "gloo, CUDA", "maestro-cpu": "maestro, CPU tensors"}[v])
+        ax.set_xticks(range(len(plot["maestro"])), [f"{p[0]} ranks" for p in plot["maestro"]])
+        ax.set_ylabel("busbw GB/s (median, min-max)")
+        ax.set_title(f"64 MiB allreduce, ranks sharing one {d['gpu'] or 'GPU'}")
+        ax.legend(fontsize=8)
+        parts.append(report.save(fig, out, "gpu_allreduce"))
+    if d.get("failed_steps"):
+        parts.append("Steps of that run that failed: " + "; ".join(f"`{s}`" for s in d["failed_steps"]) + ".")
+    return f"CUDA tensors on one GPU ({d['gpu']})", "\n\n".join(parts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", help="what scripts/gpu_check.sh wrote ($OUT/gpu)")
+    ap.add_argument("--seconds", type=float, default=0, help="how long the run took")
+    ap.add_argument("--date", help="when it ran (ISO); default now")
+    ap.add_argument("--data", default=os.path.join(ROOT, "docs", "results", "data"))
+    ap.add_argument("--no-report", action="store_true", help="write the record only")
+    args = ap.parse_args()
+    rec = collect(args.folder, args.seconds, args.date)
+    with open(os.path.join(args.data, "gpu.json"), "w") as f:
+        json.dump(rec, f, indent=1)
+    print(f"wrote {os.path.join(args.data, 'gpu.json')}")
+    if args.no_report:
+        return 0
+    import report
+
+    return report.generate(args.data, os.path.join(ROOT, "docs"), os.path.join(ROOT, "README.md"),
+                           os.path.join(ROOT, "docs", "performance.md"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
