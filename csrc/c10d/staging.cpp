@@ -110,6 +110,8 @@ bool stagingHasCuda() {
 
 std::shared_ptr<StagingPool::Slab> StagingPool::acquire(size_t bytes, bool pinned) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Cleared: the transport the slabs were registered with is gone.
+  if (closed_) fail("maestro: the process group was shut down");
   std::shared_ptr<Slab> best;
   for (const auto& s : slabs_) {
     if (s->busy || s->pinned != pinned || static_cast<size_t>(s->buffer.numel()) < bytes) continue;
@@ -164,6 +166,7 @@ void StagingPool::drop(std::vector<std::shared_ptr<Slab>>::iterator it) {
 
 void StagingPool::clear() {
   std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
   while (!slabs_.empty()) drop(slabs_.begin());
 }
 

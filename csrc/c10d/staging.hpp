@@ -107,7 +107,8 @@ class StagingPool {
   c10::Stream sideStream(const c10::Device& device);
   // The registration of the slab whose memory starts at `base`, if one does.
   std::optional<Region> regionOf(const void* base) const;
-  // Drops every slab and its registration (before the transport goes).
+  // Drops every slab and its registration (before the transport goes);
+  // acquire() fails from then on.
   void clear();
 
   size_t slabs() const;
@@ -124,6 +125,7 @@ class StagingPool {
   std::vector<c10::Stream> streams_;
   size_t keep_bytes_;
   uint64_t clock_ = 0;
+  bool closed_ = false;
   uint64_t allocations_ = 0;
 };
 
