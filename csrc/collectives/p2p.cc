@@ -101,9 +101,8 @@ uint64_t PointToPoint::pieceBytes() const {
 void PointToPoint::ensureThread() {
   if (thread_.joinable()) return;
   const int rank = engine_.rank();
-  thread_ = std::thread([this, rank] {
+  thread_ = startNamedThread("maestro-p2p", [this, rank] {
     setLogRank(rank);
-    nameThisThread("maestro-p2p");
     loop();
   });
 }

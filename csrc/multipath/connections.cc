@@ -90,16 +90,16 @@ void Engine::connectLocked(Peer& p) {
   auto finished = std::make_shared<std::atomic<bool>>(false);
   const int peer = p.rank;
   std::lock_guard<std::mutex> lock(connecting_mu_);
-  connecting_.push_back({std::thread([this, peer, finished] {
-                           connectInBackground(peer);
-                           finished->store(true);
-                         }),
+  connecting_.push_back({startNamedThread("maestro-connect",
+                                           [this, peer, finished] {
+                                             connectInBackground(peer);
+                                             finished->store(true);
+                                           }),
                          finished});
 }
 
 void Engine::connectInBackground(int peer) {
   setLogRank(rank_);
-  nameThisThread("maestro-connect");
   const auto started = Clock::now();
   try {
     // A group without a timeout waits without one.

@@ -52,8 +52,8 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
   if (!discovery_report.empty()) MAESTRO_INFO("discovery:", discovery_report);
   if (!mesh_.vnics.warning.empty() && rank_ == 0) MAESTRO_WARN(mesh_.vnics.warning);
   MAESTRO_INFO(describeSetup());
-  monitor_ = std::thread([this] { monitorLoop(); });
-  reconnector_ = std::thread([this] { reconnectLoop(); });
+  monitor_ = startNamedThread("maestro-monitor", [this] { monitorLoop(); });
+  reconnector_ = startNamedThread("maestro-reconn", [this] { reconnectLoop(); });
 }
 
 Engine::~Engine() {

@@ -20,7 +20,6 @@ using namespace detail;
 
 void Engine::monitorLoop() {
   setLogRank(rank_);
-  nameThisThread("maestro-monitor");
   const auto tick = std::chrono::duration<double>(std::min(config_.probe_interval, config_.path_timeout / 4));
   while (!stopping_) {
     {
@@ -155,7 +154,6 @@ void Engine::reconnectLoop() {
   // deadline, not six, and each comes back within about one probe interval
   // of its route returning.
   setLogRank(rank_);
-  nameThisThread("maestro-reconn");
   while (!stopping_) {
     std::set<std::pair<int, int>> batch;
     std::deque<HuntJob> hunts;
@@ -190,7 +188,8 @@ void Engine::reconnectLoop() {
     const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(std::min(1.0, config_.probe_interval * 2)));
     std::vector<std::thread> tries;
-    for (const auto& want : batch) tries.emplace_back([this, want, until] { reconnectPath(want.first, want.second, until); });
+    for (const auto& want : batch)
+      tries.push_back(startNamedThread("maestro-connect", [this, want, until] { reconnectPath(want.first, want.second, until); }));
     for (auto& t : tries) t.join();
   }
 }

@@ -297,10 +297,9 @@ void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<P
   };
   std::vector<std::thread> threads;
   for (size_t t = 0; t < std::min(kConnectThreads, planned.size()); ++t)
-    threads.emplace_back([&] {
-      nameThisThread("maestro-connect");
+    threads.push_back(startNamedThread("maestro-connect", [&] {
       for (size_t i; (i = next++) < planned.size();) connectOne(i);
-    });
+    }));
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < planned.size(); ++i) {
     if (ok[i]) (*connected)[planned[i].peer].push_back(planned[i].path);

@@ -45,7 +45,7 @@ EventLoop::EventLoop() {
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeId;
   MAESTRO_CHECK(::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) == 0, "epoll_ctl: ", net::errnoText(errno));
-  thread_ = std::thread([this] { run(); });
+  thread_ = startNamedThread("maestro-io", [this] { run(); });
 }
 
 EventLoop::~EventLoop() {
@@ -138,7 +138,6 @@ size_t EventLoop::watched() const {
 
 void EventLoop::run() {
   thread_id_ = std::this_thread::get_id();
-  nameThisThread("maestro-io");
   epoll_event events[kMaxEvents];
   std::deque<std::function<void()>> tasks;
   while (!stopping_.load()) {
