@@ -2,12 +2,16 @@
 // threads (Gloo's model), over real sockets.
 #pragma once
 
+#include <dirent.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +71,40 @@ inline std::vector<std::exception_ptr> runRanks(int size, const std::function<vo
     });
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// maestro's long-lived threads in this process, by name: the event loop
+// (maestro-io), each engine's monitor and reconnector, point to point's
+// thread, ... Exact at any moment: maestro names every thread it starts
+// before the start returns (startNamedThread); its transient helpers
+// (maestro-connect), which a count taken while they run would include, are
+// left out; and so are threads that are exiting -- a joined thread can still
+// be listed for a moment after its join returned (its exit woke the joiner
+// before the kernel reaped it), so its task carries PF_EXITING.
+inline std::map<std::string, int> maestroThreads() {
+  constexpr unsigned long kPfExiting = 0x4;
+  std::map<std::string, int> named;
+  DIR* dir = ::opendir("/proc/self/task");
+  if (!dir) return named;
+  while (dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(std::string("/proc/self/task/") + e->d_name + "/stat");
+    std::string stat;
+    std::getline(in, stat);
+    // "tid (name) state ppid pgrp session tty tpgid flags ..."
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;  // it ended meanwhile
+    const std::string name = stat.substr(open + 1, close - open - 1);
+    std::istringstream rest(stat.substr(close + 1));
+    std::string field;
+    unsigned long flags = 0;
+    for (int i = 0; i < 6; ++i) rest >> field;
+    rest >> flags;
+    if (name.rfind("maestro-", 0) != 0 || name == "maestro-connect" || (flags & kPfExiting)) continue;
+    ++named[name];
+  }
+  ::closedir(dir);
+  return named;
 }
 
 inline std::string errorText(const std::exception_ptr& e) {
