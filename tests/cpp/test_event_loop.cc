@@ -126,6 +126,9 @@ TEST(EventLoop, EventsOfAClosedRegistrationAreIgnored) {
     ASSERT_TRUE(eventually([&] { return h->calls.load() >= 3; }));
     loop->remove(id, s.fds[0]);
     loop->remove(id, s.fds[0]);  // idempotent
+    // A call that was in progress may still be reading the socket: it has
+    // ended once quiesce() returns, and only then may the socket be closed.
+    loop->quiesce();
   }
   EXPECT_EQ(before, loop->watched());
 }
