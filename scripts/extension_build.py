@@ -24,8 +24,15 @@ def build(out_dir: str, build_dir: str, sanitize: str = "") -> None:
     """Builds maestro_torch._C into out_dir, with the CMake tree in build_dir;
     `sanitize` (e.g. "address,undefined") builds it with those sanitizers."""
     import torch
-    from torch.utils import cpp_extension
 
+    try:
+        from torch.utils import cpp_extension  # imports setuptools, which a bare Python may lack
+
+        include_paths, library_paths = cpp_extension.include_paths(), cpp_extension.library_paths()
+    except ImportError:  # what those two return for a CPU build, from torch's own folder
+        base = os.path.dirname(os.path.abspath(torch.__file__))
+        include_paths = [os.path.join(base, "include"), os.path.join(base, "include", "torch", "csrc", "api", "include")]
+        library_paths = [os.path.join(base, "lib")]
     os.makedirs(build_dir, exist_ok=True)
     abi = "1" if torch._C._GLIBCXX_USE_CXX11_ABI else "0"
     args = [
@@ -35,8 +42,8 @@ def build(out_dir: str, build_dir: str, sanitize: str = "") -> None:
         "-DMAESTRO_BUILD_TESTS=" + os.environ.get("MAESTRO_BUILD_TESTS", "OFF"),
         "-DMAESTRO_SANITIZE=" + sanitize,
         "-DMAESTRO_CXX11_ABI=" + abi,
-        "-DTORCH_INCLUDE_DIRS=" + ";".join(cpp_extension.include_paths()),
-        "-DTORCH_LIBRARY_DIRS=" + ";".join(cpp_extension.library_paths()),
+        "-DTORCH_INCLUDE_DIRS=" + ";".join(include_paths),
+        "-DTORCH_LIBRARY_DIRS=" + ";".join(library_paths),
         "-DPYTHON_INCLUDE_DIR=" + sysconfig.get_paths()["include"],
         "-DMAESTRO_EXT_OUTPUT_DIR=" + out_dir,
         "-DMAESTRO_EXT_SUFFIX=" + sysconfig.get_config_var("EXT_SUFFIX"),

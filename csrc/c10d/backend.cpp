@@ -2,6 +2,7 @@
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/version.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -19,6 +20,17 @@ namespace {
 
 using collectives::DType;
 using collectives::ReduceOp;
+
+// The Work types of the coalesced tensor collectives: their own since torch
+// 2.14 (the release pinned in requirements/torch.txt); torch 2.11 has only
+// COALESCED for both.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+constexpr auto kAllgatherIntoTensorCoalesced = ::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED;
+constexpr auto kReduceScatterTensorCoalesced = ::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#else
+constexpr auto kAllgatherIntoTensorCoalesced = ::c10d::OpType::COALESCED;
+constexpr auto kReduceScatterTensorCoalesced = ::c10d::OpType::COALESCED;
+#endif
 
 // The rendezvous through the c10d store (already prefixed per group).
 class StoreRendezvous : public Rendezvous {
@@ -135,7 +147,7 @@ Reduction toReduction(const ::c10d::ReduceOp& op, at::ScalarType dtype) {
     case ::c10d::ReduceOp::PREMUL_SUM: {
       MAESTRO_CHECK(at::isFloatingType(dtype), "ReduceOp.PREMUL_SUM is defined for floating-point tensors only, not ",
                     c10::toString(dtype));
-      auto* factor = dynamic_cast<::c10d::PreMulSumSupplement*>(op.supplement_.get());
+      auto* factor = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       MAESTRO_CHECK(factor != nullptr, "ReduceOp.PREMUL_SUM without its factor (make it with "
                                        "torch.distributed._make_nccl_premul_sum(factor))");
       if (factor->tensor_factor.defined()) {
@@ -638,7 +650,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::
                  });
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                         const ::c10d::AllgatherOptions& opts) {
   auto st = staging("all_gather_into_tensor");
   at::Tensor in, out;
@@ -706,7 +718,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std:
                  });
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                             const ::c10d::ReduceScatterOptions& opts) {
   auto st = staging("reduce_scatter_tensor");
   at::Tensor in, out;
@@ -831,7 +843,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
                  });
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                                   std::vector<at::Tensor>& inputs,
                                                                                   const ::c10d::AllgatherOptions& opts) {
   auto st = staging("all_gather_into_tensor_coalesced");
@@ -843,7 +855,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesce
   } catch (const Error& e) {
     reject("all_gather_into_tensor_coalesced", e.what());
   }
-  return enqueue(::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, "maestro:all_gather_into_tensor_coalesced", opts.timeout, outputs, inputs, st,
+  return enqueue(kAllgatherIntoTensorCoalesced, "maestro:all_gather_into_tensor_coalesced", opts.timeout, outputs, inputs, st,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> flat;  // contiguous, viewed flat
                    for (const auto& o : outs)
@@ -857,7 +869,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_gather_single_coalesce
                  });
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coalesced(
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
   auto st = staging("reduce_scatter_tensor_coalesced");
   std::vector<at::Tensor> outs, ins;
@@ -870,7 +882,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_single_coal
   } catch (const Error& e) {
     reject("reduce_scatter_tensor_coalesced", e.what());
   }
-  return enqueue(::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "maestro:reduce_scatter_tensor_coalesced", opts.timeout, outputs, inputs, st,
+  return enqueue(kReduceScatterTensorCoalesced, "maestro:reduce_scatter_tensor_coalesced", opts.timeout, outputs, inputs, st,
                  [this, outs, ins, op](uint64_t seq, Deadline deadline) {
                    // Rank r's block: block r of every input, one after another.
                    std::vector<at::Tensor> parts;
@@ -1025,7 +1037,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall(std::vector<at::T
                  });
 }
 
-c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::all_to_all_single(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                         std::vector<int64_t>& outputSplitSizes,
                                                                         std::vector<int64_t>& inputSplitSizes,
                                                                         const ::c10d::AllToAllOptions& opts) {

@@ -60,12 +60,17 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                              std::vector<at::Tensor>& inputs,
                                              const ::c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<::c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
+  // The tensor collectives under their older names (_allgather_base,
+  // _reduce_scatter_base, allgather_into_tensor_coalesced,
+  // reduce_scatter_tensor_coalesced, alltoall_base): virtual in every torch
+  // maestro builds with (2.11 to the pinned 2.14), where torch 2.14's newer
+  // names (all_gather_single, ...) forward to them.
+  c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                      const ::c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                   std::vector<std::vector<at::Tensor>>& inputs,
                                                   const ::c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<::c10d::Work> reduce_scatter_single(at::Tensor& output, at::Tensor& input,
+  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                          const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
   // Coalesced: several tensors in one collective (one message per segment
@@ -73,10 +78,10 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                                        std::vector<at::Tensor>& inputs,
                                                        const ::c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<::c10d::Work> all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
+  c10::intrusive_ptr<::c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                std::vector<at::Tensor>& inputs,
                                                                const ::c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<::c10d::Work> reduce_scatter_single_coalesced(std::vector<at::Tensor>& outputs,
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                    std::vector<at::Tensor>& inputs,
                                                                    const ::c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) override;
@@ -87,7 +92,7 @@ class ProcessGroupMaestro : public ::c10d::Backend {
                                            const ::c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                             const ::c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<::c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
+  c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                      std::vector<int64_t>& outputSplitSizes,
                                                      std::vector<int64_t>& inputSplitSizes,
                                                      const ::c10d::AllToAllOptions& opts) override;
