@@ -55,6 +55,26 @@ def build(out_dir: str, build_dir: str, sanitize: str = "") -> None:
     subprocess.check_call(args)
     jobs = os.environ.get("MAESTRO_BUILD_JOBS", str(os.cpu_count() or 2))
     subprocess.check_call(["cmake", "--build", build_dir, "--target", "maestro_ext", "-j", jobs])
+    check_libstdcxx(out_dir)
+
+
+def check_libstdcxx(out_dir: str) -> None:
+    """Refuse a module with its own copy of libstdc++ inside: some toolchains
+    link it statically, and that copy's locale is never set up beside the
+    libstdc++ torch loads, so the first number formatted into a stream
+    crashes the process (seen with a GCC 13 build in /opt/gcc)."""
+    import glob
+
+    for so in glob.glob(os.path.join(out_dir, "_C*" + sysconfig.get_config_var("EXT_SUFFIX"))):
+        try:
+            symbols = subprocess.run(["nm", "-C", "--defined-only", so], capture_output=True, text=True).stdout
+        except OSError:  # no binutils: nothing to check with
+            return
+        if "std::locale::classic()" in symbols:
+            os.remove(so)
+            raise SystemExit(f"{so}: the compiler ({os.environ.get('CXX', 'c++')}) linked libstdc++ into the module "
+                             f"statically, which crashes beside torch's libstdc++; build with a compiler that links it "
+                             f"dynamically, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc")
 
 
 def main() -> None:
