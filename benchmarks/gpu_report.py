@@ -19,13 +19,16 @@ import argparse
 import datetime
 import json
 import os
-import statistics
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 COMMAND = "scripts/gpu_check.sh"
+LOG_LINE = re.compile(r"(?P<model>\S+) ddp on (?P<backend>\w+), (?P<world>\d+) ranks x batch (?P<batch>\d+) "
+                      r"\((?P<input>[^)]*)\): (?P<sps>[\d.]+) samples/s, iteration (?P<it>[\d.]+) s, exposed comm "
+                      r"(?P<exp>[\d.]+) s \(\d+%\), compute alone (?P<comp>[\d.]+) s")
 
 
 def _jsonl(path: str) -> list[dict]:
@@ -40,11 +43,23 @@ def collect(folder: str, seconds: float, date: str | None = None) -> dict:
     with open(os.path.join(folder, "machine.json")) as f:
         machine = json.load(f)
     train = {}
-    for name in sorted(os.listdir(folder)):
+    for r in _jsonl(os.path.join(folder, "train.jsonl")):
+        train.setdefault(r["model"], {})[r["backend"]] = r
+    for name in sorted(os.listdir(folder)):  # one file per run (older runs of the script)
         if name.startswith("train_") and name.endswith(".json"):
             with open(os.path.join(folder, name)) as f:
                 r = json.load(f)
             train.setdefault(r["model"], {})[r["backend"]] = r
+    # A run whose JSON did not come back: the line train.py printed for it
+    # in the run's log (no losses or checksums then).
+    log = os.path.join(folder, "gpu_check.log")
+    for line in open(log) if os.path.exists(log) else []:
+        m = LOG_LINE.match(line.strip())
+        if m and m["backend"] not in train.get(m["model"], {}):
+            train.setdefault(m["model"], {})[m["backend"]] = {
+                "model": m["model"], "backend": m["backend"], "world": int(m["world"]), "batch": int(m["batch"]),
+                "input": m["input"], "samples_per_s": float(m["sps"]), "iteration_s": float(m["it"]),
+                "exposed_comm_s": float(m["exp"]), "compute_s": float(m["comp"]), "from_log": True}
     data = {"lab": f"none: every rank on one machine over loopback, sharing its GPU ({machine.get('gpu')})",
             "gpu": machine.get("gpu"), "gpus": machine.get("gpus"),
             "allreduce_cuda": _jsonl(os.path.join(folder, "allreduce_cuda.jsonl")),
@@ -105,21 +120,29 @@ def section(rec: dict, out: str) -> tuple[str, str]:
         def cell(r, key, fmt):
             return fmt.format(r[key]) if r and r.get(key) is not None else "-"
         same = "-"
-        if m and g:
+        if m and g and "losses" in m and "losses" in g:
             same = "yes" if m["losses"] == g["losses"] and m.get("params_sha256") == g.get("params_sha256") else (
                 "losses yes, parameters differ" if m["losses"] == g["losses"] else "NO")
+        elif m and g:
+            same = "not recorded (from the log)"
         trows.append([model, f"{m['world']} x {m['batch']} ({m['input']})", cell(m, "samples_per_s", "{:.1f}"),
                       cell(g, "samples_per_s", "{:.1f}"),
                       f"**{m['samples_per_s'] / g['samples_per_s']:.2f}x**" if g else "-",
                       cell(m, "exposed_comm_s", "{:.3f}"), cell(g, "exposed_comm_s", "{:.3f}"),
                       cell(m, "compute_s", "{:.3f}"), same])
     if trows:
-        any_m = next(iter(d["train"].values()))["maestro"]
+        full = [r for by in d["train"].values() for r in by.values() if "steps" in r]
+        steps = f"{full[0]['steps']} steps ({full[0]['warmup']} warm-up)" if full else ""
+        logged = sorted(f"{r['model']} on {r['backend']}" for by in d["train"].values() for r in by.values()
+                        if r.get("from_log"))
         parts.append(
-            f"`benchmarks/train.py --device cuda`, DDP, {any_m['world']} ranks sharing the GPU, "
-            f"{any_m['steps']} steps ({any_m['warmup']} warm-up): samples/s from the median iteration; exposed "
-            f"communication = iteration - the same step without the gradient sync (DDP no_sync, --compute-steps); "
-            f"losses and final parameters compared step by step between the backends.\n\n"
+            f"`benchmarks/train.py --device cuda`, DDP, {trows and d['train'][trows[0][0]]['maestro']['world']} "
+            f"ranks sharing the GPU, {steps}: samples/s from the median iteration; exposed communication = "
+            f"iteration - the same step without the gradient sync (DDP no_sync, --compute-steps); losses and final "
+            f"parameters compared step by step between the backends."
+            + (f" The JSON of {', '.join(logged)} did not come back from the GPU machine; their row is the line "
+               f"train.py printed in the run's log (gpu_check.log), without losses or checksums." if logged else "")
+            + "\n\n"
             + report.table(["model", "ranks x batch", "maestro samples/s", "gloo samples/s", "maestro vs gloo",
                             "maestro exposed comm s", "gloo exposed comm s", "compute alone s",
                             "same losses and parameters"], trows))

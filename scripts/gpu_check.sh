@@ -122,8 +122,12 @@ train() {  # train MODEL: train.py on maestro, then on gloo
   [ $QUICK = 1 ] && args=(--model "$model" --steps $STEPS --warmup 1 --compute-steps 1 --checksum --no-progress
                           --device "$DEVICE" --batch 2 --image-size 32)
   for backend in maestro gloo; do
+    # One line per run in train.jsonl: few files to bring back from the machine.
     step "train.py $model on $backend ($DEVICE)" 70 "$PY" -m torch.distributed.run --nproc-per-node 2 \
-      benchmarks/train.py --backend $backend "${args[@]}" --json "$OUT_DIR/train_${model}_$backend.json"
+      benchmarks/train.py --backend $backend "${args[@]}" --json "$OUT_DIR/train.json" &&
+      "$PY" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$OUT_DIR/train.json" \
+        >>"$OUT_DIR/train.jsonl"
+    rm -f "$OUT_DIR/train.json"
   done
 }
 cpu_host() {  # cpu_host N: the 64 MiB CPU allreduce on N ranks
