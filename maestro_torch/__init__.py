@@ -116,10 +116,17 @@ def _register() -> None:
 def backend_of(group=None) -> ProcessGroupMaestro:
     """The maestro backend object of `group` (default: the world group)."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    backend = pg._get_backend(torch.device("cpu"))
-    if not isinstance(backend, ProcessGroupMaestro):
-        raise ValueError(f"this process group's CPU backend is {type(backend).__name__}, not maestro")
-    return backend
+    # The CPU backend, or the CUDA one ("cpu:gloo,cuda:maestro" puts maestro there only).
+    found = []
+    for device in ("cpu", "cuda"):
+        try:
+            backend = pg._get_backend(torch.device(device))
+        except RuntimeError:  # no backend for that device in this group
+            continue
+        if isinstance(backend, ProcessGroupMaestro):
+            return backend
+        found.append(f"{device}: {type(backend).__name__}")
+    raise ValueError(f"this process group has no maestro backend ({', '.join(found) or 'none'})")
 
 
 def path_stats(group=None) -> list[dict]:

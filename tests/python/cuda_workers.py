@@ -322,3 +322,18 @@ def staging_off_refuses(rank: int, world: int) -> dict:
     ok = bool(torch.all(t == world))
     dist.destroy_process_group()
     return {"error": error, "ok": ok}
+
+
+def maestro_for_cuda_only(rank: int, world: int) -> dict:
+    """"cpu:gloo,cuda:maestro" on any machine: maestro is the group's CUDA
+    backend, and maestro_torch finds it there (path_stats, describe)."""
+    import maestro_torch
+
+    dist.init_process_group("cpu:gloo,cuda:maestro")
+    pg = dist.distributed_c10d._get_default_group()
+    out = {"cpu": type(pg._get_backend(torch.device("cpu"))).__name__,
+           "cuda": type(pg._get_backend(torch.device("cuda"))).__name__,
+           "found": type(maestro_torch.backend_of()).__name__,
+           "paths": len(maestro_torch.path_stats()) > 0}
+    dist.destroy_process_group()
+    return out

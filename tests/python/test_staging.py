@@ -49,3 +49,9 @@ def test_staging_knob_is_declared_once(value):
     assert maestro_torch.Options(staging=value).as_dict() == {"staging": value}
     with pytest.raises((ValueError, RuntimeError), match="MAESTRO_STAGING"):
         maestro_torch.Options(staging="sometimes")
+
+
+def test_maestro_as_the_cuda_backend_only_is_found_by_maestro_torch():
+    for v in ok_values(run_ranks(2, cuda_workers.maestro_for_cuda_only, timeout=120)):
+        assert v == {"cpu": "ProcessGroupGloo", "cuda": "ProcessGroupMaestro", "found": "ProcessGroupMaestro",
+                     "paths": True}, v
