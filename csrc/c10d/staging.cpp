@@ -235,7 +235,13 @@ at::Tensor OpStaging::map(const at::Tensor& t, bool read, bool write) {
     else copies_ = std::make_shared<DeviceCopies>(d, pool_.sideStream(d));
   }
   const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  auto slab = pool_.acquire(std::max<size_t>(bytes, 1), !d.is_cpu());
+  std::shared_ptr<StagingPool::Slab> slab;
+  try {
+    slab = pool_.acquire(bytes, !d.is_cpu());
+  } catch (const c10::Error& e) {  // torch's allocator (pinned memory): refused on every rank like any bad input
+    fail(name_, ": no host memory to stage ", bytes, " bytes of a tensor on ", d.str(), ": ",
+         e.what_without_backtrace());
+  }
   slabs_.push_back(slab);
   at::Tensor host = slab->buffer.narrow(0, 0, static_cast<int64_t>(bytes)).view(t.scalar_type()).view(t.sizes());
   if (!d.is_cpu()) t.record_stream(*copies_->stream());
@@ -244,21 +250,9 @@ at::Tensor OpStaging::map(const at::Tensor& t, bool read, bool write) {
   return host;
 }
 
-std::vector<at::Tensor> OpStaging::in(const std::vector<at::Tensor>& ts) {
+std::vector<at::Tensor> OpStaging::map(const std::vector<at::Tensor>& ts, bool read, bool write) {
   std::vector<at::Tensor> out;
-  for (const auto& t : ts) out.push_back(in(t));
-  return out;
-}
-
-std::vector<at::Tensor> OpStaging::out(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> r;
-  for (const auto& t : ts) r.push_back(out(t));
-  return r;
-}
-
-std::vector<at::Tensor> OpStaging::inout(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : ts) out.push_back(inout(t));
+  for (const auto& t : ts) out.push_back(map(t, read, write));
   return out;
 }
 

@@ -4,9 +4,9 @@
 // maestro's paths move host memory (a TCP socket, or an RDMA WRITE from a
 // host MR). A device tensor therefore travels through a host stand-in: a
 // contiguous tensor carved from a slab of the group's StagingPool -- pinned
-// host memory, allocated once and registered with the transport once (the
-// registration cache keeps each slab's registration: the slab's storage never
-// changes), reused by every later operation. The operation itself runs
+// host memory, allocated once and registered with the transport once, by
+// the pool itself, for as long as the slab lives -- reused by every later
+// operation. The operation itself runs
 // unchanged on the stand-ins, so every collective, p2p op and failure path
 // the CPU path has, the device path has too.
 //
@@ -142,9 +142,9 @@ class OpStaging {
   at::Tensor in(const at::Tensor& t) { return map(t, true, false); }
   at::Tensor out(const at::Tensor& t) { return map(t, false, true); }
   at::Tensor inout(const at::Tensor& t) { return map(t, true, true); }
-  std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts);
-  std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts);
-  std::vector<at::Tensor> inout(const std::vector<at::Tensor>& ts);
+  std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts) { return map(ts, true, false); }
+  std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts) { return map(ts, false, true); }
+  std::vector<at::Tensor> inout(const std::vector<at::Tensor>& ts) { return map(ts, true, true); }
 
   // Whether any tensor is staged.
   bool active() const { return !slabs_.empty(); }
@@ -161,6 +161,7 @@ class OpStaging {
 
  private:
   at::Tensor map(const at::Tensor& t, bool read, bool write);
+  std::vector<at::Tensor> map(const std::vector<at::Tensor>& ts, bool read, bool write);
 
   StagingPool& pool_;
   StagingMode mode_;
