@@ -78,8 +78,13 @@ def collect(folder: str, seconds: float, date: str | None = None) -> dict:
             "data": data}
 
 
+def _busbw_samples(variant: dict, nbytes: int, ranks: int) -> list[float]:
+    """busbw GB/s of each timing of one variant (nccl-tests' definition)."""
+    return [nbytes / t / 1e9 * 2 * (ranks - 1) / ranks for t in variant.get("times_s", [variant["median_s"]])]
+
+
 def _busbw_cell(variant: dict, nbytes: int, ranks: int) -> tuple[float, str]:
-    bw = [nbytes / t / 1e9 * 2 * (ranks - 1) / ranks for t in variant.get("times_s", [variant["median_s"]])]
+    bw = _busbw_samples(variant, nbytes, ranks)
     med = variant["busbw_GBps"]
     return med, (f"{med:.2f} ({min(bw):.2f}-{max(bw):.2f})" if len(bw) > 1 else f"{med:.2f}")
 
@@ -94,7 +99,7 @@ def section(rec: dict, out: str) -> tuple[str, str]:
         n, nbytes = r["ranks"], r["bytes"]
         cells = {v: _busbw_cell(r[v], nbytes, n) for v in ("maestro", "gloo", "maestro-cpu") if v in r}
         for v, (med, _) in cells.items():
-            plot.setdefault(v, []).append((n, med, r[v]))
+            plot.setdefault(v, []).append((n, med, _busbw_samples(r[v], nbytes, n)))
         exposed = r.get("copy_exposed")
         rows.append([n, cells["maestro"][1], cells["gloo"][1] if "gloo" in cells else "-",
                      cells["maestro-cpu"][1] if "maestro-cpu" in cells else "-",
@@ -170,11 +175,8 @@ def section(rec: dict, out: str) -> tuple[str, str]:
                 continue
             xs = [j + (i - 1) * width for j in range(len(pts))]
             meds = [p[1] for p in pts]
-            lo, hi = [], []
-            for n, med, var in pts:
-                bw = [64 * 2**20 / t / 1e9 * 2 * (n - 1) / n for t in var.get("times_s", [var["median_s"]])]
-                lo.append(med - min(bw))
-                hi.append(max(bw) - med)
+            lo = [med - min(bw) for _, med, bw in pts]
+            hi = [max(bw) - med for _, med, bw in pts]
             ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3,
                    label={"maestro": "maestro, CUDA", "gloo": "gloo, CUDA", "maestro-cpu": "maestro, CPU tensors"}[v])
         ax.set_xticks(range(len(plot["maestro"])), [f"{p[0]} ranks" for p in plot["maestro"]])
