@@ -103,7 +103,7 @@ def run_ranks(lab, argv: list[str], *, hosts=None, env=None, timeout=900, on_rea
     if on_ready:
         ranks.wait_for_line(0, "READY", timeout)
         on_ready(time.monotonic(), ranks)
-    results = ranks.wait(timeout)
+    results = ranks.wait(timeout, fail_fast=60)
     failed = [r for r in results if r.returncode != 0]
     if failed:
         # Every failed rank's tail: the first to time out is often only the

@@ -86,27 +86,58 @@ class RankSet:
                 raise RuntimeError(f"rank {rank} exited ({self.procs[rank].returncode}) before {prefix!r}")
             return line
 
-    def wait(self, timeout: float) -> list[RankResult]:
-        """Wait for every rank; kill them all at the timeout."""
+    def wait(self, timeout: float, fail_fast: float | None = None) -> list[RankResult]:
+        """Wait for every rank; kill them all at the timeout. With fail_fast,
+        once one rank has exited with an error the others get fail_fast
+        seconds to end (and report their side) before they are killed: a
+        rank that waits on a failed peer would otherwise hold the run until
+        the timeout."""
         deadline = time.monotonic() + timeout
-        killed = False
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                for q in self.procs:
-                    q.kill()
-                killed = True
+        note = ""
+        while True:
+            pending = [p for p in self.procs if p.poll() is None]
+            if not pending:
                 break
+            now = time.monotonic()
+            failed = next((r for r, p in enumerate(self.procs) if p.returncode is not None and p.returncode > 0), None)
+            if fail_fast is not None and failed is not None and not note:
+                note = f"\nlabrun: killed {fail_fast:g} s after rank {failed} failed"
+                deadline = min(deadline, now + fail_fast)
+            if now >= deadline:
+                for q in pending:
+                    q.kill()
+                note = note or f"\nlabrun: killed after {timeout} s"
+                break
+            try:
+                pending[0].wait(timeout=min(0.5, max(0.01, deadline - now)))
+            except subprocess.TimeoutExpired:
+                pass
         for p in self.procs:
             p.wait()
         for t in self._threads:
             t.join(timeout=10)
         results = []
         for rank, p in enumerate(self.procs):
-            err = "".join(self.err[rank]) + (f"\nlabrun: killed after {timeout} s" if killed else "")
-            results.append(RankResult(rank, p.returncode, "".join(self.out[rank]), err))
+            killed = note if p.returncode is not None and p.returncode < 0 else ""
+            results.append(RankResult(rank, p.returncode, "".join(self.out[rank]), "".join(self.err[rank]) + killed))
         return results
+
+
+def rendezvous_port(lab, host: int, span: int = 12000) -> int:
+    """A port for the rendezvous store on host's namespace: below the
+    namespace's ephemeral range (so no outgoing connection of an earlier run,
+    still in TIME_WAIT or alive, holds it) and not listened on there: one of
+    the span ports below that range."""
+    out = lab.run(host, ["sh", "-c", "cat /proc/sys/net/ipv4/ip_local_port_range; ss -Htln"], timeout=30).stdout
+    lines = out.splitlines()
+    low = int(lines[0].split()[0]) if lines and lines[0].split() else 32768
+    used = set()
+    for line in lines[1:]:
+        fields = line.split()
+        if len(fields) >= 4 and fields[3].rpartition(":")[2].isdigit():
+            used.add(int(fields[3].rpartition(":")[2]))
+    free = [p for p in range(max(1024, low - span), low) if p not in used]
+    return random.choice(free)
 
 
 def start(lab, script_argv: list[str], *, world: int | None = None, hosts: list[int] | None = None,
@@ -116,7 +147,7 @@ def start(lab, script_argv: list[str], *, world: int | None = None, hosts: list[
     host i, for i < world). on_line(rank, stream, line) sees every line."""
     hosts = hosts or list(range(world or lab.cfg.hosts))
     world = len(hosts)
-    port = random.randint(20000, 40000)
+    port = rendezvous_port(lab, hosts[0])
     python = python or sys.executable
     procs = []
     for rank, host in enumerate(hosts):
@@ -131,7 +162,7 @@ def torchrun(lab, script_argv: list[str], *, env: dict | None = None, timeout: f
     """torchrun on every host of the lab (--nnodes = hosts, one process per
     node, static rendezvous on h0's alias 0), as a user runs it on a cluster."""
     hosts = list(range(lab.cfg.hosts))
-    port = random.randint(20000, 40000)
+    port = rendezvous_port(lab, 0)
     python = python or sys.executable
     procs = []
     for host in hosts:
@@ -145,7 +176,7 @@ def torchrun(lab, script_argv: list[str], *, env: dict | None = None, timeout: f
 
     def echo(rank, stream, line):
         print(f"[h{rank}] {line}", end="", file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)
-    return RankSet(procs, echo).wait(timeout)
+    return RankSet(procs, echo).wait(timeout, fail_fast=60)
 
 
 def main() -> int:
@@ -180,10 +211,12 @@ def main() -> int:
     return 1 if bad else 0
 
 
-def run(lab, script_argv: list[str], *, timeout: float = 600, **kw) -> list[RankResult]:
+def run(lab, script_argv: list[str], *, timeout: float = 600, fail_fast: float | None = 60,
+        **kw) -> list[RankResult]:
     """Run `python script_argv...` as rank i on host i for i < world; returns
-    every rank's exit code and output. Kills everything at the timeout."""
-    return start(lab, script_argv, **kw).wait(timeout)
+    every rank's exit code and output. Kills everything at the timeout, or
+    fail_fast seconds after a rank failed."""
+    return start(lab, script_argv, **kw).wait(timeout, fail_fast)
 
 
 if __name__ == "__main__":

@@ -288,3 +288,38 @@ def test_ecmp_mode_connectivity_and_spreading():
             time.sleep(0.4)
             d = delta(before, lab.spine_bytes())
         assert d[1] > 0.5 * MB and sum(d) - d[1] < 0.05 * d[1], d
+
+
+# ------------------------------------------------------------------ labrun
+def test_labrun_ends_the_run_soon_after_a_rank_fails(pinned):
+    """A rank that fails must not leave the others waiting on it until the
+    run's timeout (a benchmark waited 900 s on a rank 0 that never started)."""
+    import labrun
+    script = ("import os, sys, time\n"
+              "if os.environ['RANK'] == '0': sys.exit(3)\n"
+              "time.sleep(600)\n")
+    t0 = time.monotonic()
+    results = labrun.run(pinned, ["-c", script], world=2, timeout=300, fail_fast=1)
+    took = time.monotonic() - t0
+    assert [r.returncode for r in results][0] == 3
+    assert results[1].returncode < 0 and "killed 1 s after rank 0 failed" in results[1].stderr
+    assert took < 60, f"the run took {took:.0f} s; the rank left waiting was not ended"
+
+
+def test_labrun_rendezvous_port_is_free_and_below_the_ephemeral_range(pinned):
+    import labrun
+    low = int(pinned.run(0, ["cat", "/proc/sys/net/ipv4/ip_local_port_range"]).stdout.split()[0])
+    # Listeners on two of the three ports just below the range: the third is the only free one.
+    listener = pinned.popen(0, [sys.executable, "-c", textwrap.dedent(f"""
+        import socket, time
+        socks = []
+        for port in ({low - 1}, {low - 3}):
+            s = socket.socket(); s.bind(("0.0.0.0", port)); s.listen(); socks.append(s)
+        print("up", flush=True); time.sleep(60)""")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout.readline().strip() == "up"
+        assert {labrun.rendezvous_port(pinned, 0, span=3) for _ in range(10)} == {low - 2}
+        assert low - 12000 <= labrun.rendezvous_port(pinned, 0) < low
+    finally:
+        listener.kill()
+        listener.wait()
