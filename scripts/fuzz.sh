@@ -66,7 +66,7 @@ every granted write lands its full length in an exact-size buffer), the TCP hell
 (\`fuzz_hello\`), rdma_cm's private data and the endpoints ranks publish
 (\`fuzz_cm_private_data\`), and control messages fed to a live 2-rank engine over loopback
 (\`fuzz_control\`). The targets are in \`fuzz/\`, the corpus they grew in \`fuzz/corpus/\`.
-CI runs every target for 30 s on top of that corpus (\`scripts/test.sh\`).
+CI runs every target for 30 s on top of that corpus (\`scripts/test.sh --full\`).
 
 Recorded run: \`scripts/fuzz.sh $budget_text --record\` at $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d),
 on $(nproc) cores.

@@ -1,30 +1,63 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh clone: installs what it needs into
-# .venv, builds the extension and the C++ tests, then runs
-#   1. the C++ unit tests (CTest / GoogleTest: ranks as threads, real sockets),
-#      then again under ASan+UBSan and under TSan; the fuzzers for 30 s each,
-#   2. the collectives, point-to-point and behaviour tests with the extension
-#      built under ASan+UBSan,
-#   3. the Python tests: real rank processes; the lab tests (network
-#      namespaces) and the verbs tests (a Soft-RoCE VM, scripts/softroce/)
-#      need root -- they say so and skip without it.
-# Extra arguments go to pytest (e.g. scripts/test.sh -k allreduce).
-# As root, install rdma-core's headers first so that the extension is built
-# with the verbs transport (its tests run in a Soft-RoCE VM, which the
-# harness sets up itself).
-if [ "$(id -u)" = 0 ] && { [ ! -f /usr/include/infiniband/verbs.h ] || [ ! -f /usr/include/rdma/rdma_cma.h ] ||
-                           ! command -v clang++ >/dev/null; }; then
-  echo "== installing libibverbs-dev librdmacm-dev (the verbs transport) and clang (the fuzzers)"
+# The tests, from a fresh clone: installs what it needs into .venv, builds the
+# extension and the C++ tests, then runs them. Two tiers:
+#
+#   scripts/test.sh           the fast tier a contributor runs before a commit
+#                             (about 10 minutes on 2 cores with an existing
+#                             .venv): the C++ unit tests (GoogleTest under
+#                             CTest: ranks as threads, real sockets) and the
+#                             Python tests that are not marked `full`: the
+#                             collectives / p2p / exchange matrices on 2-4
+#                             rank processes, the behaviour and staging tests,
+#                             the docs and report checks.
+#   scripts/test.sh --full    everything; what CI runs (.ci/run): the above,
+#                             the C++ tests again under ASan+UBSan and under
+#                             TSan, the once-flaky tests repeated, the fuzzers
+#                             for 30 s each, the matrices and behaviour tests
+#                             with the extension under ASan+UBSan (staging
+#                             forced), and the `full` Python tests: the lab
+#                             (network namespaces), Soft-RoCE (a VM), scale,
+#                             soak, training, examples, the PyTorch suite and
+#                             the benchmark smoke run. The lab and verbs tests
+#                             need root -- they say so and skip without it.
+#
+# Each stage prints its time, and pytest its slowest tests. Extra arguments go
+# to pytest (e.g. scripts/test.sh -k allreduce). Which Python tests are `full`
+# is declared once, in tests/python/conftest.py.
+# As root, --full installs rdma-core's headers first so that the extension is
+# built with the verbs transport (its tests run in a Soft-RoCE VM, which the
+# harness sets up itself), and clang for the fuzzers.
+full=0
+if [ "${1:-}" = --full ]; then
+  full=1
+  shift
+fi
+if [ $full = 1 ] && [ "$(id -u)" = 0 ] && { [ ! -f /usr/include/infiniband/verbs.h ] || [ ! -f /usr/include/rdma/rdma_cma.h ] ||
+                           ! command -v clang++ >/dev/null || ! command -v ccache >/dev/null; }; then
+  echo "== installing libibverbs-dev librdmacm-dev (the verbs transport), clang (the fuzzers), ccache (the builds)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -qq libibverbs-dev librdmacm-dev clang >/dev/null 2>&1 ||
-    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libibverbs-dev librdmacm-dev clang >/dev/null; } ||
-    echo "warning: could not install rdma-core headers and clang; the verbs tests and the fuzzers will fail"
+  pkgs=(libibverbs-dev librdmacm-dev clang ccache)
+  apt-get install -y -qq "${pkgs[@]}" >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${pkgs[@]}" >/dev/null; } ||
+    echo "warning: could not install rdma-core headers, clang and ccache; the verbs tests and the fuzzers will fail"
 fi
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
+# ccache (when installed; CMakeLists.txt uses it): paths relative to the
+# checkout, so that another clone of the same sources hits the same entries.
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true
 start=$(date +%s)
+stage_name="" stage_start=$start stage_times=()
+# stage NAME: ends the stage before (recording its time) and starts NAME.
+stage() {
+  local now; now=$(date +%s)
+  [ -n "$stage_name" ] && stage_times+=("$(printf '%5d s  %s' $((now - stage_start)) "$stage_name")")
+  stage_name=$1 stage_start=$now
+  [ -n "$1" ] && echo "== $1"
+  return 0
+}
 
-echo "== C++ tests"
+stage "C++ tests"
 cmake -S . -B build/tests -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAESTRO_BUILD_TESTS=ON >/dev/null
 cmake --build build/tests -j "$(nproc)"
 (cd build/tests && ctest --output-on-failure -j 1 --timeout 300)
@@ -36,8 +69,9 @@ cmake --build build/tests -j "$(nproc)"
 # 10x slower) the 64-ranks-as-threads test is left out: its one event loop
 # then cannot keep 8,064 sockets moving within the path timeout, so it tests
 # the host's speed, not the code; it runs in the plain and ASan builds.
+if [ $full = 1 ]; then
 for san in address,undefined thread; do
-  echo "== C++ tests under -fsanitize=$san"
+  stage "C++ tests under -fsanitize=$san"
   exclude=()
   [ "$san" = thread ] && exclude=(-E 'CollectivesScale\.SixtyFourRanksAsThreads')
   dir="build/sanitize-${san//,/-}"
@@ -57,7 +91,7 @@ done
 # (about 6 s): before their fixes they failed 1 run in 100 (the shared-paths
 # thread count) and 1 in 10 (the event loop race); see docs/testing.md.
 # scripts/flaky.sh repeats every test; this keeps these fixed.
-echo "== once-flaky tests, 10 shuffled repeats under TSan"
+stage "once-flaky tests, 10 shuffled repeats under TSan"
 once_flaky='SharedPaths.SubgroupsRunBesideTheWorldOnItsPathsOnly:EventLoop.*'
 (cd build/sanitize-thread && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ./maestro_tests \
    --gtest_filter="$once_flaky" --gtest_repeat=10 --gtest_shuffle --gtest_brief=1 >flaky-repeat.log 2>&1) ||
@@ -65,7 +99,7 @@ once_flaky='SharedPaths.SubgroupsRunBesideTheWorldOnItsPathsOnly:EventLoop.*'
 
 # The fuzzers, briefly, on top of their committed corpus (scripts/fuzz.sh).
 if command -v clang++ >/dev/null; then
-  echo "== fuzzing: every target for 30 s"
+  stage "fuzzing: every target for 30 s"
   bash scripts/fuzz.sh --seconds 30
 elif [ "${MAESTRO_REQUIRE_ALL_SUITES:-0}" = 1 ]; then
   echo "error: clang is missing, so the fuzzers cannot run (MAESTRO_REQUIRE_ALL_SUITES=1)" >&2
@@ -93,7 +127,7 @@ fi
 # while the plain stage below runs them on the tensors in place. The three
 # tests about registering the caller's own tensors are the plain stage's
 # (under forced staging no caller tensor is registered).
-echo "== Python tests with the extension under -fsanitize=address,undefined, staging forced (MAESTRO_STAGING=force)"
+stage "Python tests with the extension under -fsanitize=address,undefined, staging forced (MAESTRO_STAGING=force)"
 SAN_EXT=$ROOT/build/sanitize-ext
 "$PY" scripts/extension_build.py --sanitize address,undefined --out "$SAN_EXT" >"$SAN_EXT.log" 2>&1 ||
   { tail -40 "$SAN_EXT.log" >&2; echo "error: the sanitizer build of the extension failed ($SAN_EXT.log)" >&2; exit 1; }
@@ -103,18 +137,26 @@ LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.
   MAESTRO_STAGING=force \
   "$PY" -P -m pytest -q -p no:cacheprovider tests/python/asan_check.py tests/python/test_collectives.py \
   tests/python/test_p2p.py tests/python/test_behaviour.py \
-  -k "not temporaries_are_staged and not idle_registrations and not registrations_of_freed"
+  --durations=10 -k "not temporaries_are_staged and not idle_registrations and not registrations_of_freed"
+else
+  echo "== fast tier: the sanitizer, fuzzing, lab, Soft-RoCE, scale, soak and training stages are --full's"
+fi
 
 # The CUDA tests need a GPU: where torch sees none they are not run (and not
 # counted); scripts/gpu_check.sh runs them on a GPU machine, where a missing
 # GPU fails them (MAESTRO_REQUIRE_GPU=1).
+tier=(-m "not full")
+[ $full = 1 ] && tier=()
 gpu_tests=()
 if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  echo "== Python tests (a GPU is here: tests/python/test_cuda.py runs too)"
+  stage "Python tests$([ $full = 1 ] || echo ' (fast tier: not marked full)') (a GPU is here: tests/python/test_cuda.py runs too)"
 else
-  echo "== Python tests (no GPU here: tests/python/test_cuda.py is NOT run; scripts/gpu_check.sh runs it on a GPU)"
+  stage "Python tests$([ $full = 1 ] || echo ' (fast tier: not marked full)') (no GPU here: tests/python/test_cuda.py is NOT run; scripts/gpu_check.sh runs it on a GPU)"
   gpu_tests=(--ignore tests/python/test_cuda.py)
 fi
-"$PY" -m pytest -q -rs tests/python "${gpu_tests[@]}" "$@"
+"$PY" -m pytest -q -rs --durations=15 tests/python "${tier[@]}" "${gpu_tests[@]}" "$@"
 
-echo "== all tests passed in $(( $(date +%s) - start )) s"
+stage ""
+echo "== stage times"
+printf '%s\n' "${stage_times[@]}"
+echo "== all tests $([ $full = 1 ] && echo '(--full)' || echo '(fast tier; scripts/test.sh --full runs everything)') passed in $(( $(date +%s) - start )) s"

@@ -20,5 +20,6 @@ def test_readme_commands_exist():
     readme = open(os.path.join(ROOT, "README.md")).read()
     for script in ("scripts/demo.sh", "scripts/test.sh"):
         assert script in readme and os.access(os.path.join(ROOT, script), os.X_OK)
+    assert "scripts/test.sh --full" in readme
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
-    assert "scripts/test.sh" in ci
+    assert re.search(r"^exec bash scripts/test\.sh --full$", ci, re.M), "CI must run the full tier"

@@ -60,7 +60,7 @@ def test_torch_over_verbs_in_the_vm():
 
     if not maestro_torch._C.has_verbs:
         pytest.fail("maestro_torch was built without the verbs transport although this test runs as root: "
-                    "install libibverbs-dev and librdmacm-dev and rebuild (scripts/test.sh does)")
+                    "install libibverbs-dev and librdmacm-dev and rebuild (scripts/test.sh --full does)")
     env_python = sys.executable
     p = harness("--timeout", "540", "--", env_python, "tests/softroce/torch_over_verbs.py", timeout=900)
     assert p.returncode == 0 and "torch over verbs: PASS" in p.stdout

@@ -3,7 +3,7 @@ CPU tensors with MAESTRO_STAGING=force: they take the very steps a CUDA
 tensor takes (host stand-ins carved from slabs registered once, copies in
 before the operation and back after it), with plain host copies instead of
 the GPU's. The whole collectives / p2p / behaviour suites also run with
-forced staging in scripts/test.sh (the sanitizer stage); the GPU half is
+forced staging in scripts/test.sh --full (the sanitizer stage); the GPU half is
 tests/python/test_cuda.py."""
 import pytest
 import torch
