@@ -1,6 +1,6 @@
 """PyTorch's own distributed tests (DistributedTest._DistTestBase) on maestro
 beside gloo, through tests/torch_suite/: the CI subset on both backends must
-show no test that gloo passes and maestro fails, other than the known gaps
+show no test that gloo passes and maestro fails or skips, other than the known gaps
 listed with their causes in tests/torch_suite/selection.py (and no known gap
 may pass: then it is no longer one). The whole selection is
 `python tests/torch_suite/run.py --write` (docs/torch_suite.md)."""
@@ -62,6 +62,6 @@ def test_ci_subset_maestro_fails_nothing_gloo_passes(tmp_path):
     assert ran["gloo"] >= 0.9 * d["selected"] and ran["maestro"] >= 0.9 * d["selected"], per
     new = [f"{r['test']}: {r['outcome']}: {r['error']}" for r in d["regressions"]
            if r["test"] not in selection.KNOWN_GAPS]
-    assert not new, "maestro fails what gloo passes:\n" + "\n".join(new)
+    assert not new, "maestro fails or skips what gloo passes:\n" + "\n".join(new)
     assert not d["known_gaps_passing"], f"known gaps that pass now (remove from KNOWN_GAPS): {d['known_gaps_passing']}"
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -117,16 +117,17 @@ def counts(records: dict) -> dict:
 
 
 def compare(results: dict) -> tuple[list, list, list]:
-    """(regressions: gloo passed, maestro failed/errored; known gaps that
-    passed; tests maestro passes that gloo does not)."""
+    """(regressions: gloo passed, maestro failed, errored or skipped (a test
+    the suite skips for maestro tests nothing of it: only a known gap may);
+    known gaps that passed; tests maestro passes that gloo does not)."""
     regressions, fixed, maestro_only = [], [], []
     for test in sorted(results["gloo"]):
         g, m = results["gloo"][test], results["maestro"].get(test)
         if m is None:
             continue
         known = selection.KNOWN_GAPS.get(test)
-        if g["outcome"] == "passed" and m["outcome"] in ("failed", "errored"):
-            entry = {"test": test, "outcome": m["outcome"], "error": m.get("error", "")}
+        if g["outcome"] == "passed" and m["outcome"] in ("failed", "errored", "skipped"):
+            entry = {"test": test, "outcome": m["outcome"], "error": m.get("error") or m.get("reason", "")}
             if known:
                 entry.update(category=known[0], call=known[1], cause=known[2])
             regressions.append(entry)
