@@ -310,7 +310,7 @@ def registrations_of_freed_tensors_go(rank, world):
     until = time.monotonic() + 10
     while backend.registration_cache_stats()["entries"] > 0 and time.monotonic() < until:
         time.sleep(0.1)
-    seconds = round(10 - (until - time.monotonic()), 2)
+    seconds = round(10 - (until - time.monotonic()), 2)  # from the tensors freed to no registration left
     after = backend.registration_cache_stats()
     dist.barrier()
     return {"ok": ok, "held": held, "after": after, "seconds": seconds}
