@@ -19,7 +19,8 @@ MaestroWork::MaestroWork(int rank, ::c10d::OpType type, uint64_t seq, const char
       outputs_(std::move(outputs)),
       inputs_(std::move(inputs)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       std::move(devices))) {}
+                                                       std::move(devices))),
+      future_result_(c10::make_intrusive<c10::ivalue::Future>(c10::IntType::get())) {}
 
 bool MaestroWork::isCompleted() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -63,6 +64,23 @@ int MaestroWork::sourceRank() const {
 
 c10::intrusive_ptr<c10::ivalue::Future> MaestroWork::getFuture() { return future_; }
 
+c10::intrusive_ptr<c10::ivalue::Future> MaestroWork::getFutureResult() { return future_result_; }
+
+namespace {
+
+::c10d::WorkResult resultOf(const std::exception_ptr& error) {
+  if (!error) return ::c10d::WorkResult::SUCCESS;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError&) {
+    return ::c10d::WorkResult::TIMEOUT;
+  } catch (...) {
+    return ::c10d::WorkResult::COMM_ERROR;
+  }
+}
+
+}  // namespace
+
 std::vector<at::Tensor> MaestroWork::result() { return outputs_; }
 
 void MaestroWork::complete(std::exception_ptr error) {
@@ -75,6 +93,7 @@ void MaestroWork::complete(std::exception_ptr error) {
   else future_->markCompleted(c10::IValue(outputs_));
   guard.reset();
   inputs_.clear();
+  future_result_->markCompleted(c10::IValue(static_cast<int64_t>(resultOf(error))));
   finish(error);
 }
 

@@ -37,6 +37,10 @@ class MaestroWork : public ::c10d::Work {
   // wait(), and the host waits for the copy back too.
   void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A future of the outcome, never of an error: a ::c10d::WorkResult as an
+  // int -- SUCCESS, TIMEOUT (the operation's deadline ran out) or COMM_ERROR
+  // (any other failure) -- as ProcessGroupNCCL's.
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override { return seq_; }
   // recv / recv from any source: the rank the message came from.
@@ -57,6 +61,7 @@ class MaestroWork : public ::c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> inputs_;  // kept alive until the operation is done
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_result_;
   std::shared_ptr<CopyEngine> copies_;
 };
 

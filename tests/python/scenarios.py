@@ -163,6 +163,38 @@ def stop_while_waiting(rank, world, how):
     return {"stopped_after": stopped_after, "error": _error_of(work.wait)}
 
 
+def future_results(rank, world, case):
+    """Work.get_future_result(): an int future of the outcome (WorkResult),
+    never an error. A call that succeeds, then one that fails: "timeout",
+    the last rank never joins it and the others give it its own 2 s
+    timeout; "peer_exits", the last rank exits first (as after a crash)."""
+    import datetime
+
+    from torch._C._distributed_c10d import WorkResult
+
+    _init(timeout_s=60)
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.ones(1000)
+    fut = pg.allreduce([t]).get_future_result()
+    out = {"success": int(fut.wait()), "value_ok": bool(torch.all(t == world)),
+           "codes": {"SUCCESS": int(WorkResult.SUCCESS), "TIMEOUT": int(WorkResult.TIMEOUT),
+                     "COMM_ERROR": int(WorkResult.COMM_ERROR)}}
+    if rank == world - 1:
+        if case == "peer_exits":
+            dist.barrier()  # the others' first call has completed everywhere
+            os._exit(0)
+        time.sleep(8)  # alive, but never calls the next collective
+        return out
+    opts = dist.AllreduceOptions()
+    opts.timeout = datetime.timedelta(seconds=2 if case == "timeout" else 30)
+    if case == "peer_exits":
+        dist.barrier()
+    work = pg.allreduce([torch.ones(10)], opts)
+    out["failed"] = int(work.get_future_result().wait())  # the result future itself never raises
+    out["wait_error"] = _error_of(work.wait)
+    return out
+
+
 def peer_exits(rank, world):
     _init()
     if rank == 1:

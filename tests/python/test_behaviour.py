@@ -71,6 +71,27 @@ def test_a_calls_own_timeout_overrides_the_groups():
     assert 1.5 < values[0]["seconds"] < 8, values[0]["seconds"]
 
 
+@pytest.mark.parametrize("case,world", [("timeout", 3), ("peer_exits", 2)])
+def test_work_future_result_says_success_timeout_or_comm_error(case, world):
+    results = run_ranks(world, scenarios.future_results, case, timeout=120)
+    values = ok_values(results if case == "timeout" else results[:-1])  # the rank that exits returns nothing
+    codes = values[0]["codes"]
+    for rank, v in enumerate(values):
+        assert v["success"] == codes["SUCCESS"] and v["value_ok"], f"rank {rank}: {v}"
+    failing = values[:world - 1]
+    if case == "timeout":
+        # The rank whose deadline runs out first says TIMEOUT and aborts the
+        # operation on the others, which then fail with its error (COMM_ERROR)
+        # unless their own deadline ran out first.
+        assert all(v["failed"] in (codes["TIMEOUT"], codes["COMM_ERROR"]) for v in failing), failing
+        assert any(v["failed"] == codes["TIMEOUT"] for v in failing), failing
+        assert all("timed out" in v["wait_error"] for v in failing), failing
+    else:
+        for rank, v in enumerate(failing):
+            assert v["failed"] == codes["COMM_ERROR"], f"rank {rank}: {v}"
+            assert "rank 1" in v["wait_error"], v["wait_error"]
+
+
 def test_a_rank_that_exits_fails_the_others_quickly():
     results = run_ranks(2, scenarios.peer_exits, timeout=120)
     status, value = results[0]
