@@ -32,6 +32,7 @@ if [ "${1:-}" = --full ]; then
   full=1
   shift
 fi
+start=$(date +%s)
 if [ $full = 1 ] && [ "$(id -u)" = 0 ] && { [ ! -f /usr/include/infiniband/verbs.h ] || [ ! -f /usr/include/rdma/rdma_cma.h ] ||
                            ! command -v clang++ >/dev/null || ! command -v ccache >/dev/null; }; then
   echo "== installing libibverbs-dev librdmacm-dev (the verbs transport), clang (the fuzzers), ccache (the builds)"
@@ -41,13 +42,12 @@ if [ $full = 1 ] && [ "$(id -u)" = 0 ] && { [ ! -f /usr/include/infiniband/verbs
     { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${pkgs[@]}" >/dev/null; } ||
     echo "warning: could not install rdma-core headers, clang and ccache; the verbs tests and the fuzzers will fail"
 fi
-source "$(dirname "$0")/env.sh"
-cd "$ROOT"
 # ccache (when installed; CMakeLists.txt uses it): paths relative to the
 # checkout, so that another clone of the same sources hits the same entries.
-export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true
-start=$(date +%s)
-stage_name="" stage_start=$start stage_times=()
+export CCACHE_BASEDIR="$(cd "$(dirname "$0")/.." && pwd)" CCACHE_NOHASHDIR=true
+source "$(dirname "$0")/env.sh"
+cd "$ROOT"
+stage_name="set-up: packages, .venv and the extension (scripts/env.sh)" stage_start=$start stage_times=()
 # stage NAME: ends the stage before (recording its time) and starts NAME.
 stage() {
   local now; now=$(date +%s)
