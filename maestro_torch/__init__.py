@@ -14,6 +14,7 @@ Every knob is a MAESTRO_* environment variable and a field of
 """
 from __future__ import annotations
 
+import atexit
 import re
 
 import torch
@@ -110,6 +111,11 @@ def _register() -> None:
     """Register the "maestro" backend with torch.distributed (idempotent)."""
     if "MAESTRO" in dist.Backend._plugins:
         return
+    # A script (or a framework: Lightning) that ends without
+    # destroy_process_group: its groups say goodbye on their paths at the
+    # interpreter's exit, so the peers do not log it as a crash. A process
+    # killed or ended by os._exit still is one to them.
+    atexit.register(_C._abort_all_at_exit)
     dist.Backend.register_backend("maestro", _create_backend, extended_api=True, devices=["cpu", "cuda"])
 
 

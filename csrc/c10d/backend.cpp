@@ -268,6 +268,10 @@ namespace {
 std::mutex default_mu;
 std::weak_ptr<multipath::Engine> default_engine;
 
+// Every group of this process still alive, for abortAllAtExit().
+std::mutex live_groups_mu;
+std::vector<ProcessGroupMaestro*> live_groups;
+
 multipath::Engine::Parent defaultGroupOf(const std::vector<int64_t>& global_ranks) {
   if (global_ranks.empty()) return {};  // the default group itself
   std::lock_guard<std::mutex> lock(default_mu);
@@ -311,9 +315,39 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
       [transport](void* addr, size_t length) { return transport->registerMemory(addr, length); },
       [transport](const Region& r) { transport->deregisterMemory(r); });
   worker_ = std::thread([this] { workerLoop(); });
+  std::lock_guard<std::mutex> lock(live_groups_mu);
+  live_groups.push_back(this);
 }
 
-ProcessGroupMaestro::~ProcessGroupMaestro() { stopWorker(true); }
+ProcessGroupMaestro::~ProcessGroupMaestro() {
+  {
+    // Waits for an abortAllAtExit() that holds this group (its members are
+    // intact until the body ends).
+    std::lock_guard<std::mutex> lock(live_groups_mu);
+    live_groups.erase(std::remove(live_groups.begin(), live_groups.end(), this), live_groups.end());
+  }
+  stopWorker(true);
+}
+
+int ProcessGroupMaestro::abortAllAtExit() {
+  std::lock_guard<std::mutex> lock(live_groups_mu);
+  int n = 0;
+  // Newest first: subgroups before the default group whose paths they share.
+  for (auto it = live_groups.rbegin(); it != live_groups.rend(); ++it) {
+    bool running;
+    {
+      std::lock_guard<std::mutex> worker((*it)->stop_mu_);
+      running = (*it)->worker_.joinable();
+    }
+    if (!running) continue;  // destroyed or shut down already
+    MAESTRO_INFO("the process is exiting without destroy_process_group: group ", (*it)->getRank(), "/",
+                 (*it)->getSize(), " says goodbye to its peers");
+    (*it)->abort();
+    ++n;
+  }
+  live_groups.clear();
+  return n;
+}
 
 c10::intrusive_ptr<::c10d::Backend> ProcessGroupMaestro::split(const c10::intrusive_ptr<::c10d::Store>& store,
                                                                const std::vector<int>& ranks,

@@ -134,6 +134,11 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Backend::Options> getBackendOptions() override;
   void shutdown() override;
   void abort() override;
+  // At the interpreter's exit (maestro_torch registers it with atexit):
+  // aborts every group of this process still alive, so its peers get a
+  // goodbye on every path -- a script that ends without
+  // destroy_process_group is not taken for a crash. Returns how many.
+  static int abortAllAtExit();
 
   // Introspection for maestro_torch.path_stats() and the INFO log.
   // After shutdown() they raise "the process group was shut down".

@@ -93,6 +93,9 @@ PYBIND11_MODULE(_C, m) {
 #endif
   // Whether CUDA tensors are staged (built against a torch with CUDA).
   m.attr("has_cuda") = maestro::c10d_glue::stagingHasCuda();
+  m.def("_abort_all_at_exit", &ProcessGroupMaestro::abortAllAtExit, py::call_guard<py::gil_scoped_release>(),
+        "Abort every maestro group of this process still alive (registered with atexit): the peers get a "
+        "goodbye, not a crash. Returns how many.");
   m.def("knobs", [] {
     py::list out;
     for (const auto& k : maestro::knobs()) {

@@ -92,6 +92,32 @@ def test_work_future_result_says_success_timeout_or_comm_error(case, world):
             assert "rank 1" in v["wait_error"], v["wait_error"]
 
 
+@pytest.mark.parametrize("how", ["exit", "destroy", "crash"])
+def test_a_script_that_ends_without_destroy_is_not_taken_for_a_crash(how):
+    """A rank whose script just ends (as under Lightning, which never
+    destroys the group) says goodbye at the interpreter's exit: its peer
+    logs no warning, as after destroy_process_group. One that crashes
+    (os._exit) is still reported as one -- the positive control."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
+    worker = os.path.join(os.path.dirname(__file__), "exit_worker.py")
+    procs = [subprocess.Popen([sys.executable, worker, str(r), "2", str(store.port), how], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "DONE" in outs[0][0], outs[0]
+    peer_log = outs[0][1]
+    if how == "crash":
+        assert "did the process exit or crash?" in peer_log, peer_log
+    else:
+        assert "WARN" not in peer_log and "ERROR" not in peer_log, peer_log
+
+
 def test_a_rank_that_exits_fails_the_others_quickly():
     results = run_ranks(2, scenarios.peer_exits, timeout=120)
     status, value = results[0]
