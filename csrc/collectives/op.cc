@@ -1,8 +1,11 @@
 #include "collectives/op.h"
 
+#include "collectives/desync.h"
+
 #include <atomic>
 #include <cstring>
 
+#include "collectives/desync.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -152,10 +155,16 @@ void OpContext::run(const std::function<bool()>& step, const std::function<std::
     if (!all_reachable && step()) return;
     checkHealth(depends());
     if (!engine_.waitEvent(seen, deadline_) && Clock::now() >= deadline_) {
+      // Which ranks are not in this operation, from the marks of the ranks
+      // that timed out in it (collectives/desync.h); the abort goes out
+      // after that wait, so that it does not end the others' operation
+      // before they mark theirs.
+      const std::string waited = waiting_for();
+      const auto absent = ranksAbsentFrom(engine_.rendezvous(), seq_, rank(), size(), kAbsentWait);
       // " timeout ": the word torch's tests and log scrapers match.
       std::string msg = strcat("maestro ", name(), " timed out on rank ", rank(), " (", describe(desc_),
-                               "): its timeout ran out while waiting for ", waiting_for(),
-                               "; a rank may have skipped this collective or be stuck; path states:\n",
+                               "): its timeout ran out while waiting for ", waited, "; ",
+                               describeAbsent(absent, size(), name(), kAbsentWait), "; path states:\n",
                                engine_.pathTable());
       engine_.broadcastAbort(seq_, msg);
       throw TimeoutError(msg);

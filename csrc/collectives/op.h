@@ -19,6 +19,7 @@
 
 #include <exception>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -124,6 +125,11 @@ class OpContext {
   [[noreturn]] void abort(const std::string& reason);
 
  private:
+  // After its timeout, how long an operation waits for the other ranks that
+  // timed out in it to say so, before it names those that did not
+  // (collectives/desync.h) and aborts the operation everywhere.
+  static constexpr std::chrono::seconds kAbsentWait{2};
+
   void checkHealth(const std::vector<int>& peers);
   // Expose a window once per operation; its key.
   uint64_t exposeOnce(const Window& w);

@@ -160,6 +160,8 @@ class Engine : public ChannelSink {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The group's store (what its pairs connect through).
+  Rendezvous& rendezvous() const { return qp_->store(); }
   const Config& config() const { return config_; }
   int paths() const { return mesh_.paths; }
   const std::string& transportName() const { return mesh_.transport_kind; }

@@ -76,6 +76,7 @@ using RankPair = std::pair<int, int>;
 class QpManager {
  public:
   QpManager(Rendezvous& store, int rank, int size, Deadline deadline);
+  Rendezvous& store() const { return store_; }
 
   // The ranks a group connects to at start-up: its ring's pairs (every ring
   // collective's neighbours) and its barrier's (ranks 2^k apart, both ways:

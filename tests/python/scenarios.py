@@ -81,11 +81,12 @@ def unsupported_op(rank, world):
             "broadcast": b.tolist()}
 
 
-def skipped_collective(rank, world):
+def skipped_collective(rank, world, skipper=1):
     _init(timeout_s=3)
+    dist.barrier()
     start = time.time()
-    if rank == 1:
-        time.sleep(8)  # alive, but never calls the collective
+    if rank == skipper:
+        time.sleep(10)  # alive, but never calls the collective
         return {"error": "", "seconds": 0}
     err = _error_of(lambda: dist.all_reduce(torch.ones(10)))
     return {"error": err, "seconds": time.time() - start}
