@@ -56,7 +56,7 @@ def verbs_tests_in_the_sources():
     return names
 
 
-def tests_passed(output):
+def gtest_passed_names(output):
     """The names of the tests gtest says passed ("[       OK ] Suite.Name"),
     a value-parameterized one without its instantiation and parameter."""
     ran = re.findall(r"\[       OK \] (\S+) \(", output)
@@ -69,7 +69,7 @@ def test_verbs_transport_in_one_vm(verbs_tests_binary):
     passed, skipped, failed = gtest_summary(p.stdout)
     assert failed == 0 and skipped == 0, f"{failed} failed, {skipped} skipped"
     want = verbs_tests_in_the_sources()
-    got = tests_passed(p.stdout)
+    got = gtest_passed_names(p.stdout)
     assert len(want) >= 26 and got == want, (f"missing: {sorted(want - got)}; not in the sources: {sorted(got - want)}")
 
 
