@@ -48,6 +48,15 @@ export CCACHE_BASEDIR="$(cd "$(dirname "$0")/.." && pwd)" CCACHE_NOHASHDIR=true
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 stage_name="set-up: packages, .venv and the extension (scripts/env.sh)" stage_start=$start stage_times=()
+# The stage table is printed however the run ends (a failing stage too).
+print_stages() {
+  local rc=$?
+  stage ""
+  echo "== stage times"
+  printf '%s\n' "${stage_times[@]}"
+  return $rc
+}
+trap print_stages EXIT
 # stage NAME: ends the stage before (recording its time) and starts NAME.
 stage() {
   local now; now=$(date +%s)
@@ -156,7 +165,4 @@ else
 fi
 "$PY" -m pytest -q -rs --durations=15 tests/python "${tier[@]}" "${gpu_tests[@]}" "$@"
 
-stage ""
-echo "== stage times"
-printf '%s\n' "${stage_times[@]}"
 echo "== all tests $([ $full = 1 ] && echo '(--full)' || echo '(fast tier; scripts/test.sh --full runs everything)') passed in $(( $(date +%s) - start )) s"
