@@ -93,7 +93,7 @@ class RankSet:
         rank that waits on a failed peer would otherwise hold the run until
         the timeout."""
         deadline = time.monotonic() + timeout
-        note = ""
+        note, killed = "", set()
         while True:
             pending = [p for p in self.procs if p.poll() is None]
             if not pending:
@@ -106,6 +106,7 @@ class RankSet:
             if now >= deadline:
                 for q in pending:
                     q.kill()
+                    killed.add(q.pid)
                 note = note or f"\nlabrun: killed after {timeout} s"
                 break
             try:
@@ -118,8 +119,8 @@ class RankSet:
             t.join(timeout=10)
         results = []
         for rank, p in enumerate(self.procs):
-            killed = note if p.returncode is not None and p.returncode < 0 else ""
-            results.append(RankResult(rank, p.returncode, "".join(self.out[rank]), "".join(self.err[rank]) + killed))
+            why = note if p.pid in killed else ""  # not a rank that a signal from elsewhere ended
+            results.append(RankResult(rank, p.returncode, "".join(self.out[rank]), "".join(self.err[rank]) + why))
         return results
 
 

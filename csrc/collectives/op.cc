@@ -1,7 +1,5 @@
 #include "collectives/op.h"
 
-#include "collectives/desync.h"
-
 #include <atomic>
 #include <cstring>
 
