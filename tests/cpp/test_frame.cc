@@ -139,11 +139,24 @@ TEST_F(Regions, ConcealedAndOldKeysAreStale) {
   EXPECT_EQ(RegionTable::Verdict::kGranted, grant(region_.id, fresh, 0, 1));
 }
 
-TEST_F(Regions, RemovedRegionsAreUnknownAndIdsAreNotReused) {
+TEST_F(Regions, RemovedRegionsAreStaleWithTheirKeysAndIdsAreNotReused) {
+  // A chunk re-sent after its path closed can arrive once the operation it
+  // belonged to completed here and its tensor was freed (region removed):
+  // with one of the region's keys it is a late duplicate, not an attack.
   table_.remove(region_.id);
-  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, 0, 1));
+  EXPECT_EQ(RegionTable::Verdict::kStale, grant(region_.id, key_, 0, 1));
+  std::string why;
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_ + 2, 0, 1, &why));
+  EXPECT_NE(std::string::npos, why.find("unknown region"));
   Region again = table_.add(memory_, sizeof memory_);
   EXPECT_NE(region_.id, again.id);
+}
+
+TEST_F(Regions, OnlyRecentRemovalsAreRemembered) {
+  table_.remove(region_.id);
+  for (int i = 0; i < 300; ++i) table_.remove(table_.add(memory_, sizeof memory_).id);
+  EXPECT_EQ(RegionTable::Verdict::kRejected, grant(region_.id, key_, 0, 1));
+  EXPECT_EQ(0u, table_.size());
 }
 
 }  // namespace

@@ -1,9 +1,7 @@
 #include "transport/tcp/region_table.h"
 
+#include <algorithm>
 #include <chrono>
-#include <thread>
-
-
 #include <thread>
 
 #include "common/error.h"
@@ -50,6 +48,10 @@ void RegionTable::remove(uint32_t id) {
     if (it == entries_.end()) return;
     entry = it->second;
     entries_.erase(it);
+    std::vector<uint64_t> keys = entry->old_keys;
+    keys.push_back(entry->key);
+    removed_.emplace_back(id, std::move(keys));
+    if (removed_.size() > kRememberedRemovals) removed_.pop_front();
   }
   entry->exposed.store(0);
   waitForWriters(*entry, id);
@@ -96,6 +98,10 @@ RegionTable::Verdict RegionTable::grantWrite(uint32_t id, uint64_t key, uint64_t
     }
   }
   if (!entry) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (removedWithKey(id, key)) return Verdict::kStale;
+    }
     *why = strcat("write into unknown region ", id);
     return Verdict::kRejected;
   }
@@ -122,6 +128,12 @@ RegionTable::Verdict RegionTable::grantWrite(uint32_t id, uint64_t key, uint64_t
   }
   *grant = Grant(entry, entry->addr + offset);
   return Verdict::kGranted;
+}
+
+bool RegionTable::removedWithKey(uint32_t id, uint64_t key) const {
+  for (auto it = removed_.rbegin(); it != removed_.rend(); ++it)
+    if (it->first == id) return std::find(it->second.begin(), it->second.end(), key) != it->second.end();
+  return false;
 }
 
 size_t RegionTable::size() const {

@@ -5,7 +5,10 @@
 // region is currently exposed, and [offset, offset+length) lies inside it.
 // Each exposure of a region draws a fresh key; a write that presents one of
 // the region's recent keys is "stale" (a late duplicate meant for an earlier
-// operation): it is drained and acknowledged, never written.
+// operation): it is drained and acknowledged, never written. So is a write
+// into a region removed a short while ago that presents one of its keys: a
+// chunk re-sent after a path closed, for an operation that had completed on
+// this side with the first copy (its tensor since freed).
 // A grant pins the region's "writers" count until the payload is in place, so
 // conceal()/remove() can wait for in-progress writes: once they return, no
 // byte from the wire reaches that memory again.
@@ -13,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -82,10 +86,14 @@ class RegionTable {
  private:
   void waitForWriters(const Entry& entry, uint32_t id);
   static constexpr size_t kRememberedKeys = 8;
+  static constexpr size_t kRememberedRemovals = 256;
+  bool removedWithKey(uint32_t id, uint64_t key) const;  // under mu_
 
   mutable std::mutex mu_;
   std::unordered_map<uint32_t, std::shared_ptr<Entry>> entries_;
   uint32_t next_id_ = 1;
+  // The keys of the last regions removed, newest last (ids are never reused).
+  std::deque<std::pair<uint32_t, std::vector<uint64_t>>> removed_;
   std::function<void(uint32_t)> revoke_;
 };
 
