@@ -9,6 +9,7 @@
 
 #include "c10d/backend.hpp"
 #include "common/config.h"
+#include "common/net.h"
 
 namespace py = pybind11;
 
@@ -109,6 +110,30 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
+  // For `python -m maestro_torch.doctor`: the checks maestro itself makes,
+  // not a second copy of them.
+  m.def(
+      "_probe_hops",
+      [](const std::vector<std::pair<std::string, std::string>>& endpoints, int ttl, double timeout_s) {
+        std::string why;
+        auto deadline = maestro::Clock::now() + std::chrono::duration_cast<maestro::Clock::duration>(
+                                                    std::chrono::duration<double>(timeout_s));
+        std::vector<std::string> hops = maestro::net::probeHops(endpoints, ttl, deadline, &why);
+        return std::make_pair(hops, why);
+      },
+      py::arg("endpoints"), py::arg("ttl"), py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
+      "TTL-limited SYNs from each (local 'ip:port', remote 'ip:port'), as discovery sends them: the router "
+      "`ttl` hops out on each one's route ('' where none answered), and why answers are missing.");
+  m.def(
+      "_congestion_choice",
+      [](const std::string& setting) {
+        std::string why;
+        std::string choice = maestro::net::chooseCongestion(setting, &why);
+        return std::make_pair(choice, why);
+      },
+      py::arg("setting"),
+      "The TCP congestion control a MAESTRO_TCP_CONGESTION setting gives the paths ('' = the kernel's "
+      "default), and why.");
   m.def(
       "resolve_config",
       [](const std::map<std::string, std::string>& options) {

@@ -321,6 +321,13 @@ void closeWithReset(int fd) {
   ::close(fd);
 }
 
+std::vector<std::string> probeHops(const std::vector<std::pair<std::string, std::string>>& endpoints, int ttl,
+                                   Deadline deadline, std::string* why) {
+  std::vector<std::pair<SockAddr, SockAddr>> tuples;
+  for (const auto& e : endpoints) tuples.emplace_back(parseEndpoint(e.first), parseEndpoint(e.second));
+  return probeHops(tuples, ttl, deadline, why);
+}
+
 std::vector<std::string> probeHops(const std::vector<std::pair<SockAddr, SockAddr>>& probes, int ttl,
                                    Deadline deadline, std::string* why) {
   // Every probe is a SYN from the exact 5-tuple, sent at once; the router

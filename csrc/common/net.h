@@ -62,6 +62,9 @@ std::string readIcmpOffender(int fd);
 // nothing answered by the deadline. `why` says why answers are missing.
 std::vector<std::string> probeHops(const std::vector<std::pair<SockAddr, SockAddr>>& probes, int ttl,
                                    Deadline deadline, std::string* why);
+// The same, for ("ip:port", "ip:port") endpoints (port 0: the kernel picks).
+std::vector<std::string> probeHops(const std::vector<std::pair<std::string, std::string>>& endpoints, int ttl,
+                                   Deadline deadline, std::string* why);
 
 // Blocking full reads/writes. readFull returns false on orderly EOF before the
 // first byte; every other short read or error throws.

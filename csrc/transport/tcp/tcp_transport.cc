@@ -423,10 +423,9 @@ void TcpTransport::releasePort(const std::string& local_addr, uint16_t port) {
 
 std::vector<std::string> TcpTransport::probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
                                                    std::string* why) {
-  std::vector<std::pair<net::SockAddr, net::SockAddr>> tuples;
-  for (const auto& p : probes)
-    tuples.emplace_back(net::parseEndpoint(p.local_endpoint), net::parseEndpoint(p.remote_endpoint));
-  return net::probeHops(tuples, ttl, deadline, why);
+  std::vector<std::pair<std::string, std::string>> endpoints;
+  for (const auto& p : probes) endpoints.emplace_back(p.local_endpoint, p.remote_endpoint);
+  return net::probeHops(endpoints, ttl, deadline, why);
 }
 
 void TcpTransport::awaitAccepted(size_t count, Deadline deadline) {
