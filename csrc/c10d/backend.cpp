@@ -368,7 +368,39 @@ c10::intrusive_ptr<::c10d::Backend::Options> ProcessGroupMaestro::getBackendOpti
 
 void ProcessGroupMaestro::shutdown() { stopWorker(true); }
 
-void ProcessGroupMaestro::abort() { stopWorker(false); }
+void ProcessGroupMaestro::abort() {
+  runAbortHooks("abort()");
+  stopWorker(false);
+}
+
+void ProcessGroupMaestro::registerAbortHook(int64_t hook_id, ::c10d::AbortHook hook) {
+  MAESTRO_CHECK(hook != nullptr, "register_abort_hook: the hook is None");
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  abort_hooks_[hook_id] = std::move(hook);
+}
+
+void ProcessGroupMaestro::unregisterAbortHook(int64_t hook_id) {
+  std::lock_guard<std::mutex> lock(hooks_mu_);
+  abort_hooks_.erase(hook_id);
+}
+
+void ProcessGroupMaestro::runAbortHooks(const char* why) {
+  std::map<int64_t, ::c10d::AbortHook> hooks;
+  {
+    std::lock_guard<std::mutex> lock(hooks_mu_);
+    if (hooks_ran_) return;
+    hooks_ran_ = true;
+    hooks = abort_hooks_;  // run unlocked: a hook may (un)register hooks
+  }
+  if (!hooks.empty()) MAESTRO_INFO("running ", hooks.size(), " abort hook(s): ", why);
+  for (auto& [id, hook] : hooks) {
+    try {
+      hook();
+    } catch (const std::exception& e) {
+      MAESTRO_WARN("abort hook ", id, " raised: ", e.what());
+    }
+  }
+}
 
 void ProcessGroupMaestro::stopWorker(bool drain) {
   std::lock_guard<std::mutex> stop(stop_mu_);
@@ -500,6 +532,7 @@ void ProcessGroupMaestro::workerLoop() {
       queue_.pop_front();
       running_ = true;  // with the pop: shutdown() never sees it in neither place
     }
+    p.work->markStarted();
     std::exception_ptr error;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -523,11 +556,18 @@ void ProcessGroupMaestro::workerLoop() {
         if (p.staging) p.staging->copyOut();
       } catch (const std::exception& e) {
         error = std::current_exception();
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!broken_) {
-          broken_ = error;
-          broken_what_ = e.what();
+        bool first = false, stopping = false;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!broken_) {
+            broken_ = error;
+            broken_what_ = e.what();
+            first = true;
+          }
+          stopping = stopping_;
         }
+        // abort() ran them already; shutdown() is not an abort.
+        if (first && !stopping) runAbortHooks(e.what());
       }
     }
     p.work->complete(error);

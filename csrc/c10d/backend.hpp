@@ -134,6 +134,13 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Backend::Options> getBackendOptions() override;
   void shutdown() override;
   void abort() override;
+  // Abort hooks (ProcessGroup.register_abort_hook): each runs once, before
+  // the group is given up -- on abort() (on the caller's thread), or when an
+  // operation fails or times out and leaves the group unusable (on the
+  // worker, before that operation's Work completes with the error). Not on
+  // shutdown(). A hook that raises is logged and the others still run.
+  void registerAbortHook(int64_t hook_id, ::c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t hook_id) override;
   // At the interpreter's exit (maestro_torch registers it with atexit):
   // aborts every group of this process still alive, so its peers get a
   // goodbye on every path -- a script that ends without
@@ -259,6 +266,10 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure
   std::string broken_what_;
+  void runAbortHooks(const char* why);  // once per group
+  std::mutex hooks_mu_;
+  std::map<int64_t, ::c10d::AbortHook> abort_hooks_;
+  bool hooks_ran_ = false;
   std::thread worker_;
 };
 

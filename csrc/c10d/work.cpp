@@ -83,7 +83,17 @@ namespace {
 
 std::vector<at::Tensor> MaestroWork::result() { return outputs_; }
 
+float MaestroWork::getDuration() const {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_)
+      throw Error("maestro: Work._get_duration() is known once the operation has completed (wait() for it first)");
+  }
+  return std::chrono::duration<float, std::milli>(ended_.load() - started_.load()).count();
+}
+
 void MaestroWork::complete(std::exception_ptr error) {
+  ended_.store(std::chrono::steady_clock::now());
   // The future first: a caller woken by finish() may read it at once. On a
   // device, it records its events on the stream of the copies back, so its
   // users wait for them (and no longer).

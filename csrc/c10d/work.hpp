@@ -43,6 +43,10 @@ class MaestroWork : public ::c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override;
   std::vector<at::Tensor> result() override;
   uint64_t getSequencenumber() const override { return seq_; }
+  // Milliseconds from the moment the operation started moving (the worker
+  // took it up; a send/recv: posted) to its completion, measured on this
+  // rank's host clock; raises before completion.
+  float getDuration() const override;
   // recv / recv from any source: the rank the message came from.
   int sourceRank() const override;
 
@@ -52,11 +56,15 @@ class MaestroWork : public ::c10d::Work {
   // Staged device tensors: the copies back into them (before complete()).
   void setCopies(std::shared_ptr<CopyEngine> copies) { copies_ = std::move(copies); }
 
+  // The operation starts now (for getDuration); else its creation counts.
+  void markStarted() { started_.store(std::chrono::steady_clock::now()); }
   // Called once by the worker.
   void complete(std::exception_ptr error);
 
  private:
   const uint64_t seq_;
+  std::atomic<std::chrono::steady_clock::time_point> started_{std::chrono::steady_clock::now()};
+  std::atomic<std::chrono::steady_clock::time_point> ended_{};
   std::atomic<int> source_{-1};
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> inputs_;  // kept alive until the operation is done

@@ -175,11 +175,19 @@ def future_results(rank, world, case):
 
     _init(timeout_s=60)
     pg = dist.distributed_c10d._get_default_group()
+    fired = []  # abort hooks: run once when the group is given up, before the failed Work completes
+    pg.register_abort_hook(7, lambda: fired.append("hook 7"))
+    pg.register_abort_hook(8, lambda: fired.append("hook 8, unregistered"))
+    pg.unregister_abort_hook(8)
     t = torch.ones(1000)
-    fut = pg.allreduce([t]).get_future_result()
+    first = pg.allreduce([t])
+    fut = first.get_future_result()
     out = {"success": int(fut.wait()), "value_ok": bool(torch.all(t == world)),
            "codes": {"SUCCESS": int(WorkResult.SUCCESS), "TIMEOUT": int(WorkResult.TIMEOUT),
                      "COMM_ERROR": int(WorkResult.COMM_ERROR)}}
+    start = time.monotonic()
+    out["duration_ms"] = first._get_duration()
+    out["hooks_after_success"] = list(fired)
     if rank == world - 1:
         if case == "peer_exits":
             dist.barrier()  # the others' first call has completed everywhere
@@ -192,8 +200,35 @@ def future_results(rank, world, case):
         dist.barrier()
     work = pg.allreduce([torch.ones(10)], opts)
     out["failed"] = int(work.get_future_result().wait())  # the result future itself never raises
+    out["hooks_when_failed"] = list(fired)
     out["wait_error"] = _error_of(work.wait)
+    out["failed_duration_ms"] = work._get_duration()
+    out["since_start_ms"] = (time.monotonic() - start) * 1e3
     return out
+
+
+def abort_hooks(rank, world):
+    """abort() runs the abort hooks, once, on the caller's thread; one that
+    raises does not stop the others."""
+    import threading
+
+    _init()
+    pg = dist.distributed_c10d._get_default_group()
+    calls = []
+
+    def bad():
+        raise RuntimeError("a hook that fails")
+
+    pg.register_abort_hook(1, bad)
+    pg.register_abort_hook(2, lambda: calls.append(threading.current_thread() is threading.main_thread()))
+    dist.all_reduce(torch.ones(10))
+    work = pg.allreduce([torch.ones(10)])
+    work.wait()
+    pending = _error_of(lambda: work._get_duration())  # completed: a number, not an error
+    before = list(calls)
+    pg.abort()
+    pg.abort()
+    return {"before": before, "after": calls, "duration_error": pending}
 
 
 def peer_exits(rank, world):

@@ -89,7 +89,15 @@ def test_work_future_result_says_success_timeout_or_comm_error(case, world):
     for rank, v in enumerate(values):
         assert v["success"] == codes["SUCCESS"] and v["value_ok"], f"rank {rank}: {v}"
     failing = values[:world - 1]
+    for rank, v in enumerate(values):
+        assert 0 < v["duration_ms"] < 60_000 and v["hooks_after_success"] == [], f"rank {rank}: {v}"
+    for rank, v in enumerate(failing):
+        # The hook ran before the failed Work completed; the unregistered one never.
+        assert v["hooks_when_failed"] == ["hook 7"], f"rank {rank}: {v}"
+        assert 0 < v["failed_duration_ms"] <= v["since_start_ms"], f"rank {rank}: {v}"
     if case == "timeout":
+        assert values[-1]["hooks_after_success"] == []  # the rank that skipped the call never failed
+        assert all(v["failed_duration_ms"] > 1500 for v in failing), failing  # at least its 2 s deadline, nearly
         # The rank whose deadline runs out first says TIMEOUT and aborts the
         # operation on the others, which then fail with its error (COMM_ERROR)
         # unless their own deadline ran out first.
@@ -100,6 +108,12 @@ def test_work_future_result_says_success_timeout_or_comm_error(case, world):
         for rank, v in enumerate(failing):
             assert v["failed"] == codes["COMM_ERROR"], f"rank {rank}: {v}"
             assert "rank 1" in v["wait_error"], v["wait_error"]
+
+
+def test_abort_runs_the_abort_hooks_once_and_a_failing_hook_does_not_stop_the_others():
+    for rank, v in enumerate(ok_values(run_ranks(2, scenarios.abort_hooks, timeout=120))):
+        assert v["before"] == [] and v["after"] == [True], f"rank {rank}: {v}"
+        assert v["duration_error"] == "", f"rank {rank}: {v}"
 
 
 @pytest.mark.parametrize("how", ["exit", "destroy", "crash"])
