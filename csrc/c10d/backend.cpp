@@ -2,6 +2,7 @@
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/version.h>
 #include <sys/resource.h>
 
@@ -297,7 +298,7 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
                                          std::chrono::milliseconds timeout,
                                          const std::map<std::string, std::string>& options,
                                          multipath::Engine::Parent parent)
-    : Backend(rank, size), knobs_(options), timeout_(timeout) {
+    : Backend(rank, size), knobs_(options), timeout_(timeout), store_(store) {
   // The engine keeps the store: pairs connect through it on first use.
   auto rendezvous = std::make_shared<StoreRendezvous>(store);
   const char* master = std::getenv("MASTER_ADDR");
@@ -360,6 +361,35 @@ c10::intrusive_ptr<::c10d::Backend> ProcessGroupMaestro::split(const c10::intrus
   return c10::make_intrusive<ProcessGroupMaestro>(store, static_cast<int>(me - ranks.begin()),
                                                   static_cast<int>(ranks.size()), timeout, knobs_,
                                                   multipath::Engine::Parent{live("split"), ranks});
+}
+
+c10::intrusive_ptr<::c10d::Backend> ProcessGroupMaestro::shrink(const std::vector<int64_t>& ranks_to_exclude,
+                                                                int shrink_flags,
+                                                                const c10::intrusive_ptr<::c10d::Backend::Options>& opts) {
+  constexpr int kShrinkAbort = 0x01;  // torch.distributed.SHRINK_ABORT
+  std::vector<int> survivors;
+  std::string excluded;
+  for (int64_t r : ranks_to_exclude)
+    MAESTRO_CHECK(r >= 0 && r < getSize(), "shrink: rank ", r, " is not a rank of this group of ", getSize());
+  for (int r = 0; r < getSize(); ++r) {
+    if (std::find(ranks_to_exclude.begin(), ranks_to_exclude.end(), r) == ranks_to_exclude.end())
+      survivors.push_back(r);
+    else
+      excluded += strcat(excluded.empty() ? "" : ",", r);
+  }
+  MAESTRO_CHECK(std::find(survivors.begin(), survivors.end(), getRank()) != survivors.end(),
+                "shrink: rank ", getRank(), " is excluded, so it takes no part");
+  MAESTRO_CHECK(!survivors.empty() && !excluded.empty(), "shrink: nothing to exclude");
+  std::shared_ptr<multipath::Engine> paths = live("shrink");  // kept through an abort of this group
+  if (shrink_flags & kShrinkAbort) abort();
+  // The survivors of the same shrink meet under the same key; another
+  // exclusion list (ranks that disagree) never matches it.
+  auto store = c10::make_intrusive<::c10d::PrefixStore>(strcat("maestro/shrink/", ++shrinks_, "/", excluded), store_);
+  const auto timeout = opts && opts->timeout.count() > 0 ? opts->timeout : timeout_.load();
+  const int rank = static_cast<int>(std::find(survivors.begin(), survivors.end(), getRank()) - survivors.begin());
+  MAESTRO_INFO("shrink: without rank(s) ", excluded, ", this rank is ", rank, " of ", survivors.size());
+  return c10::make_intrusive<ProcessGroupMaestro>(store, rank, static_cast<int>(survivors.size()), timeout, knobs_,
+                                                  multipath::Engine::Parent{std::move(paths), survivors});
 }
 
 c10::intrusive_ptr<::c10d::Backend::Options> ProcessGroupMaestro::getBackendOptions() {

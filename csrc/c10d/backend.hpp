@@ -132,6 +132,15 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // What splitGroup() hands a child: the backend's name and its timeout
   // (the knobs are the group's own and go to split() directly).
   c10::intrusive_ptr<::c10d::Backend::Options> getBackendOptions() override;
+  // Shrinking (dist.shrink_group): the ranks not excluded form a new maestro
+  // group on this group's paths (as split() does), meeting in this group's
+  // store under a key of their own -- so the store must outlive the excluded
+  // ranks (torchrun's agent hosts it). It works after this group failed on
+  // the excluded ranks' account; SHRINK_ABORT first aborts this group (its
+  // running operation fails), the new group keeps the paths.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<::c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                             const c10::intrusive_ptr<::c10d::Backend::Options>& opts) override;
   void shutdown() override;
   void abort() override;
   // Abort hooks (ProcessGroup.register_abort_hook): each runs once, before
@@ -251,6 +260,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   StagingMode staging_mode_;
   std::shared_ptr<StagingPool> staging_pool_;
   std::atomic<std::chrono::milliseconds> timeout_;
+  const c10::intrusive_ptr<::c10d::Store> store_;  // where shrink()'s survivors meet
+  std::atomic<uint64_t> shrinks_{0};
 
   std::mutex stop_mu_;  // one stopWorker() at a time: a second waits, then finds nothing to stop
   mutable std::mutex mu_;

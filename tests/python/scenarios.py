@@ -207,6 +207,38 @@ def future_results(rank, world, case):
     return out
 
 
+def shrink_after_a_rank_exits(rank, world, flags):
+    """The last rank exits (as after a crash); the others' next collective
+    fails, they shrink the default group without it and go on training on
+    the same paths."""
+    from torch.distributed import distributed_c10d as c10d
+
+    import maestro_torch
+
+    _init(timeout_s=60)
+    dist.all_reduce(torch.ones(1000))
+    if rank == world - 1:
+        dist.barrier()
+        os._exit(0)
+    dist.barrier()
+    failed = _error_of(lambda: dist.all_reduce(torch.ones(10)))
+    start = time.monotonic()
+    dist.shrink_group([world - 1], shrink_flags=c10d.SHRINK_ABORT if flags == "abort" else c10d.SHRINK_DEFAULT)
+    seconds = time.monotonic() - start
+    out = {"failed": failed, "seconds": seconds, "rank": dist.get_rank(), "size": dist.get_world_size(),
+           "backend": dist.get_backend()}
+    base = torch.arange(100_000, dtype=torch.float32)
+    for step in range(3):
+        x = base * (dist.get_rank() + 1) + step
+        dist.all_reduce(x)
+        expected = base * sum(range(1, world)) + step * (world - 1)
+        out.setdefault("exact", []).append(bool(torch.equal(x, expected)))
+    out["peers"] = sorted({s["peer"] for s in maestro_torch.path_stats()})
+    out["paths_up"] = all(s["state"] == "up" for s in maestro_torch.path_stats())
+    dist.destroy_process_group()
+    return out
+
+
 def abort_hooks(rank, world):
     """abort() runs the abort hooks, once, on the caller's thread; one that
     raises does not stop the others."""

@@ -110,6 +110,17 @@ def test_work_future_result_says_success_timeout_or_comm_error(case, world):
             assert "rank 1" in v["wait_error"], v["wait_error"]
 
 
+@pytest.mark.parametrize("flags", ["default", "abort"])
+def test_the_survivors_of_a_rank_that_exits_shrink_the_group_and_go_on(flags):
+    world = 3
+    values = ok_values(run_ranks(world, scenarios.shrink_after_a_rank_exits, flags, timeout=180)[:-1])
+    for rank, v in enumerate(values):
+        assert "rank 2" in v["failed"], f"rank {rank}: {v}"
+        assert (v["rank"], v["size"], v["backend"]) == (rank, world - 1, "maestro"), f"rank {rank}: {v}"
+        assert v["exact"] == [True] * 3 and v["peers"] == [1 - rank] and v["paths_up"], f"rank {rank}: {v}"
+        assert v["seconds"] < 30, f"rank {rank}: {v}"  # a liveness bound: it measured well under a second
+
+
 def test_abort_runs_the_abort_hooks_once_and_a_failing_hook_does_not_stop_the_others():
     for rank, v in enumerate(ok_values(run_ranks(2, scenarios.abort_hooks, timeout=120))):
         assert v["before"] == [] and v["after"] == [True], f"rank {rank}: {v}"
