@@ -6,6 +6,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -222,23 +223,88 @@ TEST(SharedPaths, APathThatFailsUnderAGroupFailsOverAndComesBack) {
   MemoryRendezvous ws, gs;
   Engines w = world(n, twoPaths(), ws);
   Engines g = subgroup(w, {1, 0}, twoPaths(), gs);
+  // World rank 0's path 0 to world rank 1 is closed under the group: there
+  // it is group rank 1's path 0 to group rank 0.
+  Engine& closer_side = *g[1];
+  const int closed_peer = 0, closed_path = 0, other_path = 1;
   const size_t count = 4 << 20;  // 16 MiB each way
-  std::vector<std::vector<float>> data(n, std::vector<float>(count, 1.0f));
+  // Every element its own value on each rank (small integers: exact in
+  // float32, and so is their sum): a chunk that lands at the wrong place,
+  // or is reduced twice after it was sent again, shows.
+  auto value = [](int r, size_t i) { return float((i * (r + 1) + 389 * r) % 1009 + r); };
+  std::vector<std::vector<float>> data(n, std::vector<float>(count));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < count; ++i) data[r][i] = value(r, i);
+  auto slot = [](Engine& e, int peer, int path) {
+    for (const auto& s : e.pathStats())
+      if (s.peer == peer && s.path == path) return s;
+    ADD_FAILURE() << "no path " << path << " to peer " << peer;
+    return multipath::PathStats{};
+  };
+  // The path is closed while the allreduce provably moves data on it, not
+  // after a guessed delay. Two ranks run one ring step each way: each rank
+  // sends its half of the tensor in the reduce-scatter, then its reduced
+  // half in the allgather, in chunks. The reduce-scatter is paced by its
+  // scratch credits, so its paths may all be idle for a moment (every chunk
+  // acknowledged, the next credit not back yet); the allgather's segments
+  // are all ready by then and queue up behind the paths' windows. So the
+  // close waits until this rank's allgather has begun, with chunks already
+  // acknowledged on the path it closes: chunks are then in flight on it,
+  // and megabytes are still to go.
+  const uint64_t chunk_bytes = 4096;  // twoPaths()'s chunk_size
+  const uint64_t half_chunks = count * sizeof(float) / 2 / chunk_bytes;
+  std::atomic<int> finished{0};
+  std::atomic<bool> closed_mid_operation{false};
+  uint64_t other_path_bytes_at_close = 0;
   std::thread closer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    w[0]->transport().closePath(1, 0, "closed by the test");
+    const auto until = after(60);
+    while (finished.load() == 0 && Clock::now() < until) {
+      uint64_t sent = 0;
+      for (const auto& s : closer_side.pathStats()) sent += s.chunks_sent;
+      if (sent > half_chunks + 32 && slot(closer_side, closed_peer, closed_path).chunks_sent > 0) {
+        for (int r = 0; r < n; ++r) other_path_bytes_at_close += slot(*g[r], 1 - r, other_path).bytes_sent;
+        closed_mid_operation = finished.load() == 0;
+        w[0]->transport().closePath(1, closed_path, "closed by the test");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
   });
   auto errors = runRanks(n, [&](int r) {
     Window win = registered(*g[r], data[r]);
-    allreduce(*g[r], 1, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+    std::exception_ptr failed;
+    try {
+      allreduce(*g[r], 1, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    finished++;
     g[r]->deregisterMemory(win.region);
+    if (failed) std::rethrow_exception(failed);
   });
   closer.join();
+  for (int r = 0; r < n; ++r) ASSERT_EQ("", errorText(errors[r])) << "rank " << r;
+  ASSERT_TRUE(closed_mid_operation) << "the path was not closed while the allreduce ran: the test proves nothing";
+  // Every element of every rank is the exact sum.
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ("", errorText(errors[r]));
-    ASSERT_EQ(2.0f, data[r][0]);
-    ASSERT_EQ(2.0f, data[r][count - 1]);
+    size_t wrong = 0, first = count;
+    for (size_t i = 0; i < count; ++i)
+      if (data[r][i] != value(0, i) + value(1, i) && wrong++ == 0) first = i;
+    ASSERT_EQ(0u, wrong) << "rank " << r << ": first wrong element " << first << " is " << data[r][first] << ", not "
+                         << value(0, first) + value(1, first);
   }
+  // The failover happened under the operation: chunks posted on the closed
+  // path were flushed and sent again, and the path that stayed up carried
+  // traffic after the close.
+  uint64_t resent = 0, other_path_bytes = 0;
+  for (int r = 0; r < n; ++r) {
+    for (const auto& s : g[r]->pathStats()) resent += s.resent;
+    const auto other = slot(*g[r], 1 - r, other_path);
+    EXPECT_GT(other.bytes_sent, 0u) << "rank " << r << " sent nothing on the path that stayed up";
+    other_path_bytes += other.bytes_sent;
+  }
+  EXPECT_GT(resent, 0u) << "no chunk was sent again: the close missed the operation's traffic";
+  EXPECT_GT(other_path_bytes, other_path_bytes_at_close) << "the path that stayed up carried nothing after the close";
   // The owner re-opens it; the group sees it up again.
   auto up = [&](Engine& e) {
     for (const auto& s : e.pathStats())
