@@ -325,6 +325,17 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          c.probe_interval = parseSeconds("MAESTRO_PROBE_INTERVAL", v, 0.01, 3600);
        }},
+      {"metrics", "MAESTRO_METRICS", "",
+       "append every path's counters (path_stats() fields) as JSON lines to this file every "
+       "MAESTRO_METRICS_INTERVAL seconds (on the path monitor's tick: 0.5 s at the finest by default) and as the "
+       "group goes; {rank} and {group} in the name become this rank in its group and the group's channel "
+       "(without them the ranks of a host share the file); empty = off",
+       false, [](const Config& c) { return c.metrics; }, [](Config& c, const std::string& v) { c.metrics = trim(v); }},
+      {"metrics_interval", "MAESTRO_METRICS_INTERVAL", "10", "seconds between two MAESTRO_METRICS records", false,
+       [](const Config& c) { return strcat(c.metrics_interval); },
+       [](Config& c, const std::string& v) {
+         c.metrics_interval = parseSeconds("MAESTRO_METRICS_INTERVAL", v, 0.1, 86400);
+       }},
   };
 }
 

@@ -71,6 +71,13 @@ Engine::~Engine() {
   if (reconnector_.joinable()) reconnector_.join();
   reapConnecting(true);  // each sees stopping_ within a poll (or ends its connects by connect_timeout)
   if (logLevel() >= LogLevel::kInfo && mesh_.transport) MAESTRO_INFO("path statistics at shutdown:\n", pathTable());
+  if (metrics_ && mesh_.transport) {  // the last record
+    try {
+      metrics_->write(pathStats(), Clock::now());
+    } catch (const std::exception& e) {
+      MAESTRO_WARN("MAESTRO_METRICS: the last record failed: ", e.what());
+    }
+  }
   // Say goodbye on every path (each is ordered, so the goodbye arrives before
   // that path's close) so the peers do not mistake it for a crash. On the
   // transport's id of each path: where discovery chose among candidates

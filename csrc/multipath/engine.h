@@ -49,6 +49,7 @@
 #include "common/rendezvous.h"
 #include "multipath/channel_mux.h"
 #include "multipath/hunter.h"
+#include "multipath/metrics.h"
 #include "multipath/qp_manager.h"
 #include "multipath/reassembler.h"
 #include "multipath/scheduler.h"
@@ -407,6 +408,7 @@ class Engine : public ChannelSink {
   std::vector<std::pair<int, int>> down_notices_;  // (peer, transport path) to report, monitor_mu_
   std::thread monitor_;
   Clock::time_point last_probe_ = Clock::now();  // the monitor's last probe round
+  std::unique_ptr<MetricsFile> metrics_;  // MAESTRO_METRICS: the monitor's thread only, then the destructor
   // Groups on this engine's paths (shared paths): its monitor thread ticks
   // theirs too, so a subgroup costs no monitor thread of its own.
   std::mutex channels_mu_;

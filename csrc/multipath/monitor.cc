@@ -48,6 +48,10 @@ void Engine::monitorTick() {
     }
   }
   auto now = Clock::now();
+  if (!config_.metrics.empty()) {
+    if (!metrics_) metrics_ = std::make_unique<MetricsFile>(config_.metrics, config_.metrics_interval, rank_, channel_);
+    if (metrics_->due(now)) metrics_->write(pathStats(), now);
+  }
   bool probe = seconds(now - last_probe_) >= config_.probe_interval;
   if (probe) last_probe_ = now;
   for (int peer : activePeers()) {

@@ -235,8 +235,27 @@ def shrink_after_a_rank_exits(rank, world, flags):
         out.setdefault("exact", []).append(bool(torch.equal(x, expected)))
     out["peers"] = sorted({s["peer"] for s in maestro_torch.path_stats()})
     out["paths_up"] = all(s["state"] == "up" for s in maestro_torch.path_stats())
+    out["states"] = [(s["state"], s["last_error"]) for s in maestro_torch.path_stats()]
+    dist.barrier()  # read before either rank destroys the group (which closes the paths)
     dist.destroy_process_group()
     return out
+
+
+def metrics_lines(rank, world):
+    """MAESTRO_METRICS (set by the test with {rank} and {group}, a short
+    interval): allreduces on the default group and on a subgroup, then
+    destroy; returns what path_stats() said last."""
+    import maestro_torch
+
+    _init()
+    sub = dist.new_group([0, 1])
+    for _ in range(25):  # 2.5 s: several monitor ticks (0.5 s apart)
+        dist.all_reduce(torch.ones(1 << 18))
+        dist.all_reduce(torch.ones(1 << 16), group=sub)
+        time.sleep(0.1)
+    last = {s["path"]: s["bytes_sent"] for s in maestro_torch.path_stats() if s["peer"] == 1 - rank}
+    dist.destroy_process_group()
+    return {"bytes_sent": last}
 
 
 def abort_hooks(rank, world):

@@ -121,6 +121,30 @@ def test_the_survivors_of_a_rank_that_exits_shrink_the_group_and_go_on(flags):
         assert v["seconds"] < 30, f"rank {rank}: {v}"  # a liveness bound: it measured well under a second
 
 
+def test_metrics_are_json_lines_per_rank_and_group_until_the_end(tmp_path):
+    import json
+
+    env = {"MAESTRO_METRICS": str(tmp_path / "m-{rank}-{group}.jsonl"), "MAESTRO_METRICS_INTERVAL": "0.2"}
+    values = ok_values(run_ranks(2, scenarios.metrics_lines, env=env, timeout=120))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m-0-0.jsonl", "m-0-1.jsonl", "m-1-0.jsonl",
+                                                           "m-1-1.jsonl"]
+    for rank in range(2):
+        lines = [json.loads(line) for line in (tmp_path / f"m-{rank}-0.jsonl").read_text().splitlines()]
+        assert len(lines) >= 4 * 3, len(lines)  # 4 paths; a record per monitor tick (0.5 s) over 2.5 s, and the last
+        assert {(x["rank"], x["group"], x["peer"]) for x in lines} == {(rank, 0, 1 - rank)}
+        assert set(lines[0]) >= {"time", "state", "bytes_sent", "resent", "rtt_s", "throughput_bps", "hunts"}
+        times = [x["time"] for x in lines]
+        assert times == sorted(times) and times[-1] - times[0] > 1
+        # The last record (written as the group goes) holds at least what
+        # path_stats() said last, per path.
+        final = {}
+        for x in lines:
+            final[x["path"]] = x["bytes_sent"]
+        assert all(final[int(p)] >= b > 0 for p, b in values[rank]["bytes_sent"].items()), (final, values[rank])
+        sub = [json.loads(line) for line in (tmp_path / f"m-{rank}-1.jsonl").read_text().splitlines()]
+        assert sub and {x["group"] for x in sub} == {1} and max(x["bytes_sent"] for x in sub) > 0
+
+
 def test_abort_runs_the_abort_hooks_once_and_a_failing_hook_does_not_stop_the_others():
     for rank, v in enumerate(ok_values(run_ranks(2, scenarios.abort_hooks, timeout=120))):
         assert v["before"] == [] and v["after"] == [True], f"rank {rank}: {v}"
