@@ -136,7 +136,9 @@ def check_vnics(config: dict, out: list[Finding]) -> list[str]:
         dev = _device_of(addr)
         if dev is None:
             continue
-        rp = _read(f"/proc/sys/net/ipv4/conf/{dev}/rp_filter")
+        # The kernel applies the stricter of the interface's and "all"'s.
+        rp = max(_read(f"/proc/sys/net/ipv4/conf/{dev}/rp_filter") or "0",
+                 _read("/proc/sys/net/ipv4/conf/all/rp_filter") or "0")
         if rp == "1" and ipaddress.ip_address(addr).version == 4:
             nets = {a.network for a in vnic.interface_addresses(dev) if a.version == 4}
             if len(nets) > 1:
@@ -146,6 +148,30 @@ def check_vnics(config: dict, out: list[Finding]) -> list[str]:
                                    f"net.ipv4.conf.{dev}.rp_filter=2"))
                 break
     return addrs
+
+
+def check_master_addr(out: list[Finding]) -> None:
+    """torchrun's c10d rendezvous sets MASTER_ADDR to the first node's host
+    name; where /etc/hosts maps it to 127.0.1.1, other hosts cannot reach it."""
+    master = os.environ.get("MASTER_ADDR")
+    if not master:
+        return
+    try:
+        ips = sorted({a[4][0] for a in socket.getaddrinfo(master, None, type=socket.SOCK_STREAM)})
+    except socket.gaierror as e:
+        out.append(Finding("master-addr", FAIL, f"MASTER_ADDR={master} does not resolve here: {e}",
+                           "set MASTER_ADDR to an address or name every host resolves"))
+        return
+    loop = [ip for ip in ips if ipaddress.ip_address(ip).is_loopback]
+    if loop and len(loop) == len(ips):
+        out.append(Finding("master-addr", WARN, f"MASTER_ADDR={master} resolves to {', '.join(loop)} here: fine when "
+                                                f"every rank runs on this host, but ranks on other hosts cannot "
+                                                f"reach it, and without vNICs this host's path would start at "
+                                                f"loopback",
+                           "use an address the other hosts reach (torchrun --local-addr, or fix /etc/hosts' "
+                           "127.0.1.1 line)"))
+    else:
+        out.append(Finding("master-addr", OK, f"MASTER_ADDR={master} resolves to {', '.join(ips)}"))
 
 
 def check_routes(config: dict, addrs: list[str], peer: str, port: int, out: list[Finding]) -> None:
@@ -297,6 +323,7 @@ def diagnose(peer: str | None = None, port: int = 29500) -> list[Finding]:
     if not check_knobs(config, out):
         return out
     addrs = check_vnics(config, out)
+    check_master_addr(out)
     if peer:
         check_routes(config, addrs, peer, port, out)
     devices = rdma_devices()

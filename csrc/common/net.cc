@@ -454,6 +454,15 @@ std::string sourceAddressFor(const std::string& host) {
   return local.ip();
 }
 
+bool isLoopbackAddress(const std::string& ip) {
+  in_addr v4{};
+  if (::inet_pton(AF_INET, ip.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, ip.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+}
+
 bool isLocalAddress(const std::string& ip) {
   try {
     int fd = listenOn(ip, 0, 1);

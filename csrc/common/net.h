@@ -105,6 +105,8 @@ std::vector<std::string> interfaceAddresses(const std::string& ifname);
 std::string sourceAddressFor(const std::string& host);
 // True when ip is assigned to an interface of this network namespace.
 bool isLocalAddress(const std::string& ip);
+// 127.0.0.0/8, ::1 or ::ffff:127.x.y.z.
+bool isLoopbackAddress(const std::string& ip);
 // Identifies this host *and* network namespace: ranks with equal identities
 // can reach each other over loopback.
 std::string hostIdentity();

@@ -29,6 +29,14 @@ VnicChoice chooseVnics(const Config& config, bool all_ranks_on_this_host, const 
   }
   std::string host = rendezvous_host.empty() ? std::string("localhost") : rendezvous_host;
   c.addresses = {net::sourceAddressFor(host)};
+  // Ranks on other hosts cannot reach a loopback address: say why here,
+  // not with a connect error later.
+  MAESTRO_CHECK(!net::isLoopbackAddress(c.addresses[0]), "the ranks run on several hosts, but with neither "
+                "MAESTRO_VNICS nor MAESTRO_IFNAME set this host's paths would start at ", c.addresses[0], ", the "
+                "address that reaches the rendezvous host ", rendezvous_host.empty() ? std::string("(none: no MASTER_ADDR, as with init_method tcp:// or file://; tried localhost)") : rendezvous_host,
+                " -- a loopback address the other hosts cannot reach (a host name mapped to 127.0.1.1 in "
+                "/etc/hosts does this). Set MAESTRO_IFNAME or MAESTRO_VNICS to this host's vNICs, or MASTER_ADDR "
+                "to an address the other hosts reach");
   c.source = strcat("the address that reaches ", host);
   c.warning = strcat("maestro runs a single path per peer (", c.addresses[0],
                      "): multi-path needs virtual NICs; set MAESTRO_VNICS to this host's IP aliases "

@@ -64,6 +64,13 @@ TEST(RouteProbe, APeersProbeThatReachedUsCountsAsReached) {
   ::close(listener);
 }
 
+TEST(Addresses, LoopbackIsRecognised) {
+  for (const char* ip : {"127.0.0.1", "127.0.1.1", "127.255.0.9", "::1", "::ffff:127.0.0.1"})
+    EXPECT_TRUE(net::isLoopbackAddress(ip)) << ip;
+  for (const char* ip : {"10.0.0.1", "128.0.0.1", "::2", "fd00::1", "::ffff:10.0.0.1", "localhost", ""})
+    EXPECT_FALSE(net::isLoopbackAddress(ip)) << ip;
+}
+
 TEST(Descriptors, SoftLimitIsRaisedTowardsTheHardOne) {
   EXPECT_EQ(0, inChild([] {
     rlimit l{64, 4096};

@@ -47,6 +47,17 @@ def test_a_vnic_this_host_does_not_own_fails_and_is_named():
     assert "FAIL  vnics" in run.stdout and "192.0.2.7" in run.stdout and "maestro-vnic add" in run.stdout
 
 
+def test_a_master_addr_on_loopback_is_a_warning_and_a_reachable_one_is_ok():
+    run = doctor("--json", env={"MASTER_ADDR": "localhost"})
+    [master] = by_check(findings(run), "master-addr")
+    assert master["level"] == "WARN" and "other hosts cannot reach it" in master["text"], master
+    addr = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    if addr:
+        run = doctor("--json", env={"MASTER_ADDR": addr[0]})
+        [master] = by_check(findings(run), "master-addr")
+        assert master["level"] == "OK", master
+
+
 def test_a_knob_that_does_not_parse_fails_with_the_backends_own_message():
     run = doctor("--json", env={"MAESTRO_WINDOW": "many"})
     assert run.returncode == 1
