@@ -40,7 +40,7 @@ if _BUILT_WITH != _release(torch.__version__):
     raise ImportError(f"maestro_torch's extension was built against torch {_BUILT_WITH}, but this is torch "
                       f"{torch.__version__}: {_REBUILD}")
 
-__all__ = ["Options", "knobs", "path_stats", "describe", "backend_of", "ProcessGroupMaestro"]
+__all__ = ["Options", "knobs", "path_stats", "describe", "dump", "backend_of", "ProcessGroupMaestro"]
 __version__ = "0.1.0"
 
 ProcessGroupMaestro = _C.ProcessGroupMaestro
@@ -158,6 +158,24 @@ def describe(group=None) -> str:
     """The group's transport, vNICs, knob values and path table (what
     MAESTRO_DEBUG=INFO prints at start-up)."""
     return backend_of(group).describe()
+
+
+def dump(group=None, file=None) -> dict:
+    """The group's flight record: its last 64 operations (sequence number,
+    op, input bytes, state queued/running/completed/failed, unix times queued,
+    started and ended, error) and every path's counters (the fields of
+    :func:`path_stats`, as MAESTRO_METRICS writes them). With `file`, also
+    written there as JSON. MAESTRO_DUMP writes the same by itself when an
+    operation fails or times out. Torch's own recorder
+    (``torch._C._distributed_c10d.FlightRecorderHook.attach(group)``) records
+    the calls on a maestro group too; this record adds maestro's side."""
+    import json
+
+    text = backend_of(group).dump_json()
+    if file is not None:
+        with open(file, "w") as f:
+            f.write(text)
+    return json.loads(text)
 
 
 if dist.is_available():

@@ -403,6 +403,33 @@ void ProcessGroupMaestro::abort() {
   stopWorker(false);
 }
 
+std::string ProcessGroupMaestro::dumpJson() const {
+  std::shared_ptr<multipath::Engine> engine = live("dump");
+  return recorder_.json(getRank(), getSize(), engine->channel(), engine->pathStats());
+}
+
+void ProcessGroupMaestro::writeDump() {
+  std::shared_ptr<multipath::Engine> engine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    engine = engine_;
+  }
+  if (!engine || engine->config().dump.empty()) return;
+  const std::string file = multipath::expandFileName(engine->config().dump, getRank(), engine->channel());
+  try {
+    const std::string text = recorder_.json(getRank(), getSize(), engine->channel(), engine->pathStats());
+    FILE* f = std::fopen(file.c_str(), "w");
+    if (!f || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
+      if (f) std::fclose(f);
+      MAESTRO_WARN("MAESTRO_DUMP: cannot write ", file);
+      return;
+    }
+    MAESTRO_WARN("wrote this group's flight record (last operations, path counters) to ", file);
+  } catch (const std::exception& e) {
+    MAESTRO_WARN("MAESTRO_DUMP: ", e.what());
+  }
+}
+
 void ProcessGroupMaestro::registerAbortHook(int64_t hook_id, ::c10d::AbortHook hook) {
   MAESTRO_CHECK(hook != nullptr, "register_abort_hook: the hook is None");
   std::lock_guard<std::mutex> lock(hooks_mu_);
@@ -414,7 +441,7 @@ void ProcessGroupMaestro::unregisterAbortHook(int64_t hook_id) {
   abort_hooks_.erase(hook_id);
 }
 
-void ProcessGroupMaestro::runAbortHooks(const char* why) {
+void ProcessGroupMaestro::runAbortHooks(const std::string& why) {
   std::map<int64_t, ::c10d::AbortHook> hooks;
   {
     std::lock_guard<std::mutex> lock(hooks_mu_);
@@ -509,6 +536,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::enqueue(::c10d::OpType typ
   if (broken_) fail("maestro ", name, ": this process group is unusable after an earlier failure (", broken_what_,
                     "); create a new process group");
   uint64_t seq = ++seq_;
+  uint64_t bytes = 0;
+  for (const auto& t : inputs) bytes += t.defined() ? t.numel() * t.element_size() : 0;
+  recorder_.queued(seq, name, bytes);
   auto work = c10::make_intrusive<MaestroWork>(getRank(), type, seq, name, std::move(outputs), std::move(inputs),
                                                staging ? staging->devices() : std::vector<c10::Device>{});
   if (staging) {
@@ -563,7 +593,9 @@ void ProcessGroupMaestro::workerLoop() {
       running_ = true;  // with the pop: shutdown() never sees it in neither place
     }
     p.work->markStarted();
+    recorder_.started(p.seq);
     std::exception_ptr error;
+    bool recorded = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       error = broken_;
@@ -596,10 +628,16 @@ void ProcessGroupMaestro::workerLoop() {
           }
           stopping = stopping_;
         }
-        // abort() ran them already; shutdown() is not an abort.
-        if (first && !stopping) runAbortHooks(e.what());
+        recorder_.finished(p.seq, error);  // before the dump, which shows it
+        recorded = true;
+        // abort() ran the hooks already; shutdown() is not an abort.
+        if (first && !stopping) {
+          writeDump();
+          runAbortHooks(e.what());
+        }
       }
     }
+    if (!recorded) recorder_.finished(p.seq, error);
     p.work->complete(error);
     if (p.staging) p.staging->finish();
     {

@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "c10d/flight_recorder.hpp"
 #include "c10d/staging.hpp"
 #include "c10d/work.hpp"
 #include "collectives/collectives.h"
@@ -172,6 +173,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
             {"allocations", static_cast<double>(staging_pool_->allocations())}};
   }
   std::vector<double> chunkTimes(bool clear) { return live("chunk_times")->chunkTimes(clear); }
+  // The flight record (maestro_torch.dump()): FlightRecorder::json.
+  std::string dumpJson() const;
 
  private:
   using Job = std::function<void(uint64_t seq, Deadline deadline)>;
@@ -277,7 +280,9 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure
   std::string broken_what_;
-  void runAbortHooks(const char* why);  // once per group
+  void runAbortHooks(const std::string& why);  // once per group
+  void writeDump();                             // MAESTRO_DUMP, at the group's first failure
+  FlightRecorder recorder_;
   std::mutex hooks_mu_;
   std::map<int64_t, ::c10d::AbortHook> abort_hooks_;
   bool hooks_ran_ = false;

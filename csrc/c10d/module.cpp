@@ -72,6 +72,9 @@ PYBIND11_MODULE(_C, m) {
       .def("path_stats",
            [](const ProcessGroupMaestro& pg) { return maestro::c10d_glue::pathStatsToPython(pg.pathStats()); })
       .def("describe", &ProcessGroupMaestro::describe)
+      .def("dump_json", &ProcessGroupMaestro::dumpJson, py::call_guard<py::gil_scoped_release>(),
+           "The group's flight record as JSON: its last operations (state, times, error) and every path's "
+           "counters")
       .def("registration_cache_stats", &ProcessGroupMaestro::cacheStats)
       .def("staging_stats", &ProcessGroupMaestro::stagingStats,
            "the staging pool: slabs kept, their bytes, slabs allocated so far (MAESTRO_STAGING)")

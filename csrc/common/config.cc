@@ -331,6 +331,12 @@ std::vector<Knob> buildKnobs() {
        "group goes; {rank} and {group} in the name become this rank in its group and the group's channel "
        "(without them the ranks of a host share the file); empty = off",
        false, [](const Config& c) { return c.metrics; }, [](Config& c, const std::string& v) { c.metrics = trim(v); }},
+      {"dump", "MAESTRO_DUMP", "",
+       "when an operation fails or times out (the group is then unusable), write the group's flight record -- "
+       "its last 64 operations with their states, times and errors, and every path's counters -- as JSON to "
+       "this file ({rank} and {group} as for MAESTRO_METRICS); maestro_torch.dump() returns the same at any "
+       "time; empty = off",
+       false, [](const Config& c) { return c.dump; }, [](Config& c, const std::string& v) { c.dump = trim(v); }},
       {"metrics_interval", "MAESTRO_METRICS_INTERVAL", "10", "seconds between two MAESTRO_METRICS records", false,
        [](const Config& c) { return strcat(c.metrics_interval); },
        [](Config& c, const std::string& v) {

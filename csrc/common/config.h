@@ -42,6 +42,7 @@ struct Config {
   double probe_interval = 0.5;          // seconds between probes of idle / down paths
   std::string metrics;                  // JSON-lines file of per-path counters ("" = none)
   double metrics_interval = 10.0;       // seconds between two metrics records
+  std::string dump;                     // flight-recorder file written when a group fails ("" = none)
   double connect_timeout = 5.0;         // seconds a path may take to connect at start-up
   // lazy: ring neighbours and barrier partners at start-up, any other peer
   // on first use | eager: every peer at start-up (a full mesh).

@@ -15,7 +15,25 @@ namespace maestro {
 namespace multipath {
 namespace {
 
-std::string quoted(const std::string& s) {
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string replaceAll(std::string s, const std::string& what, const std::string& with) {
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size()))
+    s.replace(at, what.size(), with);
+  return s;
+}
+
+}  // namespace
+
+std::string expandFileName(const std::string& name, int rank, uint32_t group) {
+  return replaceAll(replaceAll(name, "{rank}", std::to_string(rank)), "{group}", std::to_string(group));
+}
+
+std::string jsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
@@ -36,39 +54,25 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
-}
-
-std::string replaceAll(std::string s, const std::string& what, const std::string& with) {
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size()))
-    s.replace(at, what.size(), with);
-  return s;
-}
-
-}  // namespace
-
 std::string metricsLine(const PathStats& s, double unix_time, int rank, uint32_t group) {
   char time[32];
   std::snprintf(time, sizeof time, "%.3f", unix_time);  // milliseconds
   std::string out = strcat("{\"time\": ", time, ", \"rank\": ", rank, ", \"group\": ", group,
-                           ", \"peer\": ", s.peer, ", \"path\": ", s.path, ", \"state\": ", quoted(s.state),
-                           ", \"addresses\": ", quoted(s.description), ", \"route\": ", quoted(s.route),
+                           ", \"peer\": ", s.peer, ", \"path\": ", s.path, ", \"state\": ", jsonString(s.state),
+                           ", \"addresses\": ", jsonString(s.description), ", \"route\": ", jsonString(s.route),
                            ", \"bytes_sent\": ", s.bytes_sent, ", \"bytes_received\": ", s.bytes_received,
                            ", \"chunks_sent\": ", s.chunks_sent, ", \"chunks_received\": ", s.chunks_received,
                            ", \"errors\": ", s.errors, ", \"resent\": ", s.resent, ", \"reconnects\": ", s.reconnects,
                            ", \"hunts\": ", s.hunts, ", \"throughput_bps\": ", number(s.throughput),
                            ", \"chunk_time_s\": ", number(s.completion_time), ", \"rtt_s\": ", number(s.rtt),
-                           ", \"last_error\": ", quoted(s.last_error));
-  if (!s.congestion.empty()) out += ", \"congestion\": " + quoted(s.congestion);
+                           ", \"last_error\": ", jsonString(s.last_error));
+  if (!s.congestion.empty()) out += ", \"congestion\": " + jsonString(s.congestion);
   for (const auto* counters : {&s.path_counters, &s.nic_counters}) {
     if (counters->empty()) continue;
     out += counters == &s.path_counters ? ", \"connection\": {" : ", \"nic\": {";
     bool first = true;
     for (const auto& [name, value] : *counters) {
-      out += strcat(first ? "" : ", ", quoted(name), ": ", value);
+      out += strcat(first ? "" : ", ", jsonString(name), ": ", value);
       first = false;
     }
     out += "}";
@@ -77,7 +81,7 @@ std::string metricsLine(const PathStats& s, double unix_time, int rank, uint32_t
 }
 
 MetricsFile::MetricsFile(std::string path, double interval_s, int rank, uint32_t group)
-    : path_(replaceAll(replaceAll(std::move(path), "{rank}", std::to_string(rank)), "{group}", std::to_string(group))),
+    : path_(expandFileName(path, rank, group)),
       interval_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(interval_s))),
       rank_(rank),
       group_(group),

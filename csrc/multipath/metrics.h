@@ -17,6 +17,10 @@ struct PathStats;
 // One path's line: {"time": unix seconds, "rank", "group", then the fields
 // of maestro_torch.path_stats()}. Strings are JSON-escaped.
 std::string metricsLine(const PathStats& s, double unix_time, int rank, uint32_t group);
+// A file name with "{rank}" and "{group}" filled in.
+std::string expandFileName(const std::string& name, int rank, uint32_t group);
+// s as a JSON string literal, quotes included.
+std::string jsonString(const std::string& s);
 
 class MetricsFile {
  public:

@@ -188,6 +188,9 @@ def future_results(rank, world, case):
     start = time.monotonic()
     out["duration_ms"] = first._get_duration()
     out["hooks_after_success"] = list(fired)
+    import maestro_torch
+
+    out["record"] = [(op["seq"], op["op"], op["bytes"], op["state"]) for op in maestro_torch.dump()["ops"]]
     if rank == world - 1:
         if case == "peer_exits":
             dist.barrier()  # the others' first call has completed everywhere

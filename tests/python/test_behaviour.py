@@ -82,8 +82,11 @@ def test_a_calls_own_timeout_overrides_the_groups():
 
 
 @pytest.mark.parametrize("case,world", [("timeout", 3), ("peer_exits", 2)])
-def test_work_future_result_says_success_timeout_or_comm_error(case, world):
-    results = run_ranks(world, scenarios.future_results, case, timeout=120)
+def test_work_future_result_says_success_timeout_or_comm_error(case, world, tmp_path):
+    import json
+
+    results = run_ranks(world, scenarios.future_results, case, timeout=120,
+                        env={"MAESTRO_DUMP": str(tmp_path / "record-{rank}.json")})
     values = ok_values(results if case == "timeout" else results[:-1])  # the rank that exits returns nothing
     codes = values[0]["codes"]
     for rank, v in enumerate(values):
@@ -91,6 +94,18 @@ def test_work_future_result_says_success_timeout_or_comm_error(case, world):
     failing = values[:world - 1]
     for rank, v in enumerate(values):
         assert 0 < v["duration_ms"] < 60_000 and v["hooks_after_success"] == [], f"rank {rank}: {v}"
+    for rank, v in enumerate(values):
+        assert v["record"] == [(1, "maestro:all_reduce", 4000, "completed")], f"rank {rank}: {v}"
+    # The flight record each failing rank wrote as its group failed; none from a rank that did not fail.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"record-{r}.json" for r in range(world - 1)]
+    for rank, v in enumerate(failing):
+        record = json.loads((tmp_path / f"record-{rank}.json").read_text())
+        assert (record["rank"], record["size"]) == (rank, world)
+        ops = record["ops"]
+        assert [op["state"] for op in ops][-1] == "failed" and ops[-1]["bytes"] == 40, ops
+        assert ops[-1]["error"] in v["wait_error"], (ops[-1], v["wait_error"])
+        assert ops[-1]["queued"] <= ops[-1]["started"] <= ops[-1]["ended"], ops[-1]
+        assert record["paths"] and all("bytes_sent" in p for p in record["paths"]), record["paths"]
     for rank, v in enumerate(failing):
         # The hook ran before the failed Work completed; the unregistered one never.
         assert v["hooks_when_failed"] == ["hook 7"], f"rank {rank}: {v}"
