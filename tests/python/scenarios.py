@@ -261,6 +261,26 @@ def metrics_lines(rank, world):
     return {"bytes_sent": last}
 
 
+def set_timeout_on_a_subgroup(rank, world):
+    """dist.set_timeout on a subgroup (on the default group's paths) bounds
+    that group's next call; the default group keeps its own timeout and goes
+    on."""
+    _init(timeout_s=60)
+    sub = dist.new_group([0, 1])
+    out = {}
+    if rank < 2:
+        dist.set_timeout(datetime.timedelta(seconds=2), group=sub)
+        dist.all_reduce(torch.ones(10), group=sub)
+    if rank == 0:
+        start = time.monotonic()
+        out["error"] = _error_of(lambda: dist.all_reduce(torch.ones(10), group=sub))  # rank 1 never calls it
+        out["seconds"] = time.monotonic() - start
+    x = torch.ones(10)
+    dist.all_reduce(x)  # the default group: rank 1 waits here, well within its 60 s
+    out["world_ok"] = bool(torch.all(x == world))
+    return out
+
+
 def abort_hooks(rank, world):
     """abort() runs the abort hooks, once, on the caller's thread; one that
     raises does not stop the others."""

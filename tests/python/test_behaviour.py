@@ -160,6 +160,13 @@ def test_metrics_are_json_lines_per_rank_and_group_until_the_end(tmp_path):
         assert sub and {x["group"] for x in sub} == {1} and max(x["bytes_sent"] for x in sub) > 0
 
 
+def test_set_timeout_on_a_subgroup_bounds_its_calls_and_leaves_the_world_alone():
+    values = ok_values(run_ranks(3, scenarios.set_timeout_on_a_subgroup, timeout=120))
+    assert "timed out" in values[0]["error"] and "rank 1" in values[0]["error"], values[0]
+    assert 1.5 < values[0]["seconds"] < 10, values[0]  # 2 s, plus the wait that names the absent rank
+    assert all(v["world_ok"] for v in values), values
+
+
 def test_abort_runs_the_abort_hooks_once_and_a_failing_hook_does_not_stop_the_others():
     for rank, v in enumerate(ok_values(run_ranks(2, scenarios.abort_hooks, timeout=120))):
         assert v["before"] == [] and v["after"] == [True], f"rank {rank}: {v}"
