@@ -42,6 +42,16 @@ def test_the_first_error_line_is_what_a_rank_raised():
         ("errored", "RuntimeError: Process 0 terminated or timed out after 120.1 seconds")
 
 
+def test_an_expected_failure_is_not_a_pass_and_counts_against_maestro_where_gloo_passes():
+    import run
+
+    results = {"gloo": {"a": {"outcome": "passed"}, "b": {"outcome": "xfailed", "error": "x"}},
+               "maestro": {"a": {"outcome": "xfailed", "error": "AssertionError"}, "b": {"outcome": "xfailed"}}}
+    regressions, _, maestro_only = run.compare(results)
+    assert [r["test"] for r in regressions] == ["a"] and maestro_only == []
+    assert run.counts(results["maestro"])["xfailed"] == 2 and run.counts(results["maestro"])["passed"] == 0
+
+
 def test_the_recorded_doc_is_generated_from_the_recorded_data():
     import run
 
@@ -58,7 +68,7 @@ def test_ci_subset_maestro_fails_nothing_gloo_passes(tmp_path):
     per = {b: d["backends"][b]["counts"] for b in ("gloo", "maestro")}
     # The subset is chosen to run: a harness that let everything skip (a
     # feature set lost, a gate renamed upstream) must not pass.
-    ran = {b: per[b]["passed"] + per[b]["failed"] + per[b]["errored"] for b in per}
+    ran = {b: per[b]["passed"] + per[b]["failed"] + per[b]["errored"] + per[b]["xfailed"] for b in per}
     assert ran["gloo"] >= 0.9 * d["selected"] and ran["maestro"] >= 0.9 * d["selected"], per
     new = [f"{r['test']}: {r['outcome']}: {r['error']}" for r in d["regressions"]
            if r["test"] not in selection.KNOWN_GAPS]
