@@ -567,6 +567,35 @@ def shared_paths(rank, world):
     return out
 
 
+def single_copy_between_users(rank, world):
+    """Each rank runs as an unprivileged user of its own, so neither may read
+    the other's memory (as under Yama's ptrace_scope=1 without root): the
+    payloads stay on the socket, and the INFO log says why, once."""
+    import maestro_torch
+
+    os.setgroups([])
+    os.setgid(60000 + rank)
+    os.setuid(60000 + rank)
+    r, w = os.pipe()
+    saved = os.dup(2)
+    os.dup2(w, 2)
+    try:
+        _init()
+        t = torch.arange(1 << 20, dtype=torch.float32) * (rank + 1)
+        dist.all_reduce(t)
+        ok = bool(torch.equal(t, torch.arange(1 << 20, dtype=torch.float32) * sum(range(1, world + 1))))
+        stats = maestro_torch.path_stats()
+        dist.barrier()
+        dist.destroy_process_group()
+    finally:
+        os.dup2(saved, 2)
+        os.close(w)
+    with os.fdopen(r) as f:
+        log = f.read()
+    return {"log": log, "ok": ok, "by_reference": [s["path_counters"].get("single_copy_bytes_sent", 0) for s in stats],
+            "bytes_sent": [s["bytes_sent"] for s in stats]}
+
+
 def info_logging(rank, world):
     # The C++ core writes to fd 2: capture it through a pipe.
     r, w = os.pipe()
