@@ -246,6 +246,25 @@ def test_options_validate_at_construction():
     assert all(k["env"].startswith("MAESTRO_") for k in maestro_torch.knobs())
 
 
+# Names and paths: checked where they are used (the interface when the group
+# starts, the files when they are first written).
+FREE_FORM_KNOBS = {"ifname", "metrics", "dump"}
+
+
+@pytest.mark.parametrize("bad", ["not-a-valid-value!", "-5"])
+def test_every_knob_rejects_a_bad_value_naming_its_variable(bad):
+    import maestro_torch
+
+    knobs = maestro_torch.knobs()
+    assert FREE_FORM_KNOBS <= {k["name"] for k in knobs}
+    for k in knobs:
+        if k["name"] in FREE_FORM_KNOBS:
+            continue
+        with pytest.raises(Exception) as e:
+            maestro_torch._C.resolve_config({k["name"]: bad})
+        assert k["env"] in str(e.value) and f"Options({k['name']}=" in str(e.value), (k["name"], str(e.value))
+
+
 def test_entry_point_registers_without_import():
     for v in ok_values(run_ranks(2, scenarios.entry_point_without_import, timeout=120)):
         assert v["ok"]
