@@ -212,11 +212,18 @@ def test_unknown_knob_value_fails_every_rank_clearly():
         assert "MAESTRO_POLICY='fastest' is not one of" in v["error"], f"rank {rank}: {v['error']!r}"
 
 
-def test_group_wide_knob_differing_between_ranks_fails_every_rank():
-    results = run_ranks(2, scenarios.bad_knob, rank_env={1: {"MAESTRO_CHUNK_SIZE": "64K"}}, timeout=120)
+@pytest.mark.parametrize("env,ours,theirs", [
+    ("MAESTRO_CHUNK_SIZE=64K", "chunk_size=auto", "chunk_size=65536"),
+    ("MAESTRO_PATHS=2", "paths=0", "paths=2"),
+    ("MAESTRO_POLICY=round_robin", "policy=adaptive", "policy=round_robin"),
+    ("MAESTRO_HUNT=off", "hunt=auto", "hunt=off"),
+])
+def test_group_wide_knob_differing_between_ranks_fails_every_rank(env, ours, theirs):
+    name, value = env.split("=")
+    results = run_ranks(2, scenarios.bad_knob, rank_env={1: {name: value}}, timeout=120)
     for rank, v in enumerate(ok_values(results)):
         assert "must be the same on every rank" in v["error"], f"rank {rank}: {v['error']!r}"
-        assert "chunk_size=auto" in v["error"] and "chunk_size=65536" in v["error"], v["error"]
+        assert ours in v["error"] and theirs in v["error"], v["error"]
 
 
 def test_verbs_requested_without_an_rdma_device_fails_clearly():
