@@ -800,8 +800,9 @@ def perf_targets(recs: dict) -> tuple[str, list[str]]:
 
 
 def perf_congestion(recs: dict) -> tuple[str, list[str]]:
-    """adaptive under the kernel's congestion control (bbr here) and
-    adaptive+cubic, per size from 4 MiB: each one's spread of iterations."""
+    """adaptive (MAESTRO_TCP_CONGESTION=auto, the default: cubic where the
+    kernel's default is bbr) and adaptive+cubic (cubic set explicitly), per
+    size from 4 MiB: each one's spread of iterations."""
     runs = recorded(recs, "collectives")["data"]["runs"]
     rows = []
     for mode in ("pinned", "ecmp"):
@@ -814,8 +815,8 @@ def perf_congestion(recs: dict) -> tuple[str, list[str]]:
             rows.append([f"{mode} {size_label(size)} ({pair[0]['iters']})"]
                         + [f"{min(r['times']):.3f}-{max(r['times']):.3f}, busbw {r['busbw_GBps'] * 1e3:.1f} MB/s"
                            for r in pair])
-    return table(["allreduce (iterations)", "adaptive (kernel default) iterations, s",
-                  "adaptive+cubic iterations, s"], rows), ["collectives"]
+    return table(["allreduce (iterations)", "adaptive (MAESTRO_TCP_CONGESTION=auto, the default) iterations, s",
+                  "adaptive+cubic (MAESTRO_TCP_CONGESTION=cubic) iterations, s"], rows), ["collectives"]
 
 
 PERFORMANCE_TABLES = {"loopback": perf_loopback, "targets": perf_targets, "congestion": perf_congestion}

@@ -4,8 +4,8 @@ one run. Every experiment writes one JSON file; benchmarks/report.py turns
 them into docs/results.md (tables, PNG plots, the command and the machine
 under each). Needs root (network namespaces).
 
-    scripts/bench.sh                      # everything (full mode: 92 min on 2 cores)
-    scripts/bench.sh --quick              # every experiment, small: CI's smoke test (8-16 min on a shared 2-core machine)
+    scripts/bench.sh                      # everything (full mode: each record's `seconds` says how long its experiment took)
+    scripts/bench.sh --quick              # every experiment, small: CI's smoke test (about 550 s on CI's 2-core host)
     python benchmarks/suite.py --only p2p_paths,latency --out /tmp/results
 
 Experiments (paper figure):
