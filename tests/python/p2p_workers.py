@@ -172,6 +172,11 @@ def run_case(name: str, rank: int, world: int) -> None:
                   _error_of(lambda: backend.send([t], world, 0)), _error_of(lambda: backend.recv([t], world + 3, 0))]
         assert "is this rank" in errors[0] and "is this rank" in errors[1], errors
         assert "not a rank of this group" in errors[2] and "not a rank of this group" in errors[3], errors
+        # Tags 0x80000000-0x8000ffff (as int32) carry maestro's own messages (monitored_barrier).
+        peer = (rank + 1) % world
+        reserved = [_error_of(lambda: backend.send([t], peer, -2**31)),
+                    _error_of(lambda: backend.recv([t], peer, -2**31 + 65535))]
+        assert all("is reserved by maestro" in e for e in reserved), reserved
         t = torch.full((10,), float(rank))
         dist.all_reduce(t)
         check(name, t, torch.full((10,), float(sum(range(world)))))
