@@ -251,7 +251,8 @@ def render(rec: dict) -> str:
         "distributed_test.py decides at import time which tests a backend runs, from its name (`BACKEND`) and "
         "from the feature sets in `DistTestCases`. Before importing it, the harness adds maestro to the sets for "
         "what maestro implements (README.md, \"Supported operations\"), as third-party backends such as torch-ucc "
-        f"do: {', '.join(f'`{s}`' for s in d['feature_sets'])} (not `gpu` / `cuda`: maestro refuses CUDA tensors). "
+        f"do: {', '.join(f'`{s}`' for s in d['feature_sets'])} (not `gpu` / `cuda`: those tests need a GPU per rank; maestro's "
+        "CUDA tensors, staged through host memory, are tested on a GPU by scripts/gpu_check.sh). "
         "It leaves `skip_collective` alone (maestro implements reduce, all_gather_coalesced, recv from any source "
         "and the CPU barrier), and adds maestro to the profiler allow-lists, since its work objects carry "
         "`maestro:<collective>` profiling titles as gloo's carry `gloo:<collective>`.",

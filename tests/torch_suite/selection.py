@@ -26,8 +26,9 @@ from __future__ import annotations
 # implements in distributed_test's vocabulary (README.md, "Supported
 # operations"): it is a plugin backend (without "plugin",
 # require_backend_is_available() calls it unavailable), DDP works, and
-# new_group() makes subgroups. "gpu" and "cuda" stand for CUDA tensors,
-# which maestro refuses: it joins neither. skip_collective (what a backend
+# new_group() makes subgroups. "gpu" and "cuda" stand for CUDA tensors on a
+# GPU per rank, which the hosts this harness runs on lack: it joins neither
+# (scripts/gpu_check.sh tests maestro's CUDA staging on a GPU). skip_collective (what a backend
 # lacks) is left alone: maestro implements reduce, all_gather_coalesced, recv
 # from any source and the CPU barrier.
 FEATURES = ("plugin", "ddp", "subgroup")
