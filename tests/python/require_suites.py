@@ -13,6 +13,14 @@ def pytest_runtest_logreport(report):
         _skipped.append((report.nodeid, reason))
 
 
+def pytest_collectreport(report):
+    # A module that skips itself while it is collected (pytest.skip(...,
+    # allow_module_level=True), an importorskip) never reaches a test report.
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped.append((report.nodeid, reason))
+
+
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("MAESTRO_REQUIRE_ALL_SUITES") != "1" or not _skipped:
         return
