@@ -127,7 +127,8 @@ std::vector<Knob> buildKnobs() {
        }},
       {"vnics", "MAESTRO_VNICS", "",
        "comma-separated local vNIC addresses (IP aliases), one path each; default: loopback "
-       "127.0.0.1-4 when all ranks share one host, else the address that reaches the peers",
+       "127.0.0.1-4 when all ranks share one host, else the one address that reaches MASTER_ADDR (refused if "
+       "it is a loopback one)",
        false,
        [](const Config& c) { return join(c.vnics); },
        [](Config& c, const std::string& v) {
@@ -247,8 +248,8 @@ std::vector<Knob> buildKnobs() {
        }},
       {"connect", "MAESTRO_CONNECT", "lazy",
        "lazy: connect to the ring neighbours and the barrier's partners (2^k ranks away) at start-up, and to any "
-       "other rank when an operation first needs it (point to point, all-to-all, gather, scatter); eager: to "
-       "every rank at start-up (a full mesh)",
+       "other rank when an operation first needs it (point to point, all-to-all, gather, scatter, a reduce of up "
+       "to 64 KiB); eager: to every rank at start-up (a full mesh)",
        true, [](const Config& c) { return c.connect; },
        [](Config& c, const std::string& v) { c.connect = oneOf("MAESTRO_CONNECT", v, {"lazy", "eager"}); }},
       {"share_paths", "MAESTRO_SHARE_PATHS", "1",
