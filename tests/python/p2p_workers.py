@@ -233,3 +233,25 @@ def unmatched(rank: int, world: int) -> dict:
     out["peer_gone"] = _error_of(lambda: dist.recv(torch.empty(4), 1, tag=1))
     out["peer_gone_seconds"] = time.time() - start
     return out
+
+
+def anysource_from_a_stranger(rank: int, world: int) -> dict:
+    """A recv from any source whose sender was not connected to the receiver
+    at start-up (lazy connections: ring neighbours and barrier partners
+    only): the sender connects on its first message, the receiver takes it."""
+    import maestro_torch
+
+    dist.init_process_group("maestro", timeout=datetime.timedelta(seconds=60))
+    peers = lambda: sorted({s["peer"] for s in maestro_torch.path_stats() if s["state"] == "up"})  # noqa: E731
+    before = peers()
+    got = torch.zeros(1000)
+    source = None
+    if rank == 3:
+        dist.send(torch.arange(1000, dtype=torch.float32) * 3, 0)
+    elif rank == 0:
+        source = dist.recv(got)  # any source
+    after = peers()
+    dist.barrier()
+    ok = rank != 0 or bool(torch.equal(got, torch.arange(1000, dtype=torch.float32) * 3))
+    dist.destroy_process_group()
+    return {"before": before, "after": after, "source": source, "ok": ok}

@@ -24,3 +24,13 @@ def test_unmatched_messages_time_out_and_leave_the_group_usable():
     assert "gave up its send" in r1["late"], r1["late"]
     assert r0["peer_gone"], "a recv from a rank that exited must fail"
     assert r0["peer_gone_seconds"] < 15
+
+
+def test_recv_from_any_source_takes_a_message_from_a_rank_not_yet_connected():
+    # 6 ranks: rank 0's start-up partners are 1, 2, 4, 5 (ring and barrier); 3 is a stranger.
+    results = run_ranks(6, p2p_workers.anysource_from_a_stranger, timeout=180)
+    values = [v for status, v in results]
+    assert all(status == "ok" for status, _ in results), results
+    r0 = values[0]
+    assert 3 not in r0["before"] and 3 in r0["after"], r0
+    assert r0["source"] == 3 and r0["ok"], r0
