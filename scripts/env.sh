@@ -11,24 +11,27 @@ if [ ! -x "$PY" ]; then
   "$PY" -m pip install -q --upgrade pip
 fi
 # The torch / torchvision pair is pinned in requirements/torch.txt (the one
-# place); requirements/dev.txt adds the training script's and the tests' needs.
-# An existing .venv with another torch (an older checkout's, or one a user
-# upgraded) gets the pinned pair, and the extension is rebuilt below.
+# place); requirements/dev.txt adds the training script's and the tests' needs,
+# and the training frameworks pinned in requirements/frameworks.txt (Lightning,
+# Accelerate). An existing .venv with another torch (an older checkout's, or
+# one a user upgraded) gets the pinned pair, and the extension is rebuilt below;
+# one with another Lightning or Accelerate gets the pinned ones.
 pin_mismatch() {
-  "$PY" - "$ROOT/requirements/torch.txt" <<'PYEOF' 2>&1
+  "$PY" - "$ROOT/requirements/torch.txt" "$ROOT/requirements/frameworks.txt" <<'PYEOF' 2>&1
 import sys
 from importlib.metadata import PackageNotFoundError, version
-for line in open(sys.argv[1]):
-    req = line.split("#")[0].strip()
-    if not req:
-        continue
-    name, want = req.split("==")
-    try:
-        have = version(name).split("+")[0]
-    except PackageNotFoundError:
-        have = "none"
-    if have != want:
-        print(f"{name} {have} installed, {want} pinned")
+for path in sys.argv[1:]:
+    for line in open(path):
+        req = line.split("#")[0].strip()
+        if not req:
+            continue
+        name, want = req.split("==")
+        try:
+            have = version(name).split("+")[0]
+        except PackageNotFoundError:
+            have = "none"
+        if have != want:
+            print(f"{name} {have} installed, {want} pinned")
 PYEOF
 }
 mismatch=$(pin_mismatch)
@@ -38,7 +41,7 @@ import importlib.util, sys
 sys.exit(any(importlib.util.find_spec(m) is None
              for m in ('torch', 'torchvision', 'tqdm', 'transformers', 'pytest', 'numpy', 'matplotlib',
                        'expecttest')))" 2>/dev/null; then
-  echo "== installing requirements/dev.txt: the pinned torch pair (${mismatch:+${mismatch//$'\n'/; }; }a few minutes), tqdm, transformers, test tools, matplotlib"
+  echo "== installing requirements/dev.txt: the pinned torch pair (${mismatch:+${mismatch//$'\n'/; }; }a few minutes), tqdm, transformers, lightning, accelerate, test tools, matplotlib"
   "$PY" -m pip install -q -r "$ROOT/requirements/dev.txt"
   mismatch=$(pin_mismatch)
   [ -z "$mismatch" ] || { echo "error: after installing requirements/dev.txt: $mismatch" >&2; exit 1; }

@@ -9,11 +9,12 @@ pytest_plugins = ["require_suites"]
 
 # The modules of the full tier only (scripts/test.sh --full, what CI runs):
 # the slow ones (a lab of network namespaces, a Soft-RoCE VM, training,
-# torchrun examples, the PyTorch suite, scale, soak, the benchmark smoke run).
+# torchrun examples, Lightning and Accelerate, the PyTorch suite, scale, soak,
+# the benchmark smoke run).
 # scripts/test.sh without --full runs the others (-m "not full"): the fast
 # tier a contributor runs before each commit.
 FULL_TIER = {
-    "test_bench_smoke", "test_examples", "test_gloo_devices", "test_lab", "test_netlab", "test_rank_bench",
+    "test_bench_smoke", "test_examples", "test_frameworks", "test_gloo_devices", "test_lab", "test_netlab", "test_rank_bench",
     "test_scale", "test_soak", "test_softroce", "test_torch_suite", "test_train", "test_vnic",
 }
 
