@@ -3,6 +3,7 @@
 // hand on a raw socket that must be rejected without a byte landing.
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,8 +13,11 @@
 #include <thread>
 
 #include "common/net.h"
+#include "transport/tcp/event_loop.h"
 #include "transport/tcp/frame.h"
+#include "transport/tcp/region_table.h"
 #include "transport/tcp/same_host.h"
+#include "transport/tcp/tcp_path.h"
 #include "transport_contract.h"
 
 namespace maestro {
@@ -383,6 +387,94 @@ TEST_F(RawPeer, PeerClosingMidPayloadFailsThePathAndReleasesTheRegion) {
   concealed.wait();
   key_ = t_->expose(region_);  // TearDown conceals once more
   EXPECT_TRUE(sink_.now().arrivals.empty());
+}
+
+// A revoke is meant for the write that was landing when its region was
+// closed. When that write finishes by itself before the event loop gets to
+// the revoke, and meanwhile the region is exposed again and a new write into
+// it starts, the late revoke must leave the new write alone: it lands whole
+// and raises its arrival. The loop is held in a task while the revoke is
+// queued, so the old write's end, the new write's start and then the revoke
+// run in that order, every time.
+TEST(TcpPathRevoke, ALateRevokeDoesNotDropTheNextWriteIntoTheRegion) {
+  namespace tcp = transport::tcp;
+  auto loop = std::make_shared<tcp::EventLoop>();
+  tcp::RegionTable table;
+  std::vector<uint8_t> memory(1000, 0x5C);
+  Region region = table.add(memory.data(), memory.size());
+  const uint64_t key = table.expose(region.id);
+  int fds[2];
+  ASSERT_EQ(0, ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds));
+  const int peer = fds[1];
+  std::future<void> concealed;
+
+  // On the first write's arrival (the loop thread, in the middle of its
+  // receive): the conceal is over; expose the region again and start the
+  // second write, half of its payload.
+  class Sink : public RecordingSink {
+   public:
+    std::function<void(uint32_t imm)> hook;
+    void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override {
+      if (hook) hook(imm);
+      RecordingSink::onWriteArrived(peer, path, imm, length);
+    }
+  } sink;
+  sink.hook = [&](uint32_t imm) {
+    if (imm != 1) return;
+    concealed.wait();
+    FrameHeader second = tcp::writeFrame(region.id, table.expose(region.id), 0, 100, true, 2);
+    net::writeFull(peer, &second, sizeof second);
+    std::vector<uint8_t> half(50, 0xB2);
+    net::writeFull(peer, half.data(), half.size());
+  };
+  auto path = std::make_shared<tcp::TcpPath>(fds[0], 0, 0, "test", &sink, &table, loop.get());
+  std::atomic<bool> revoked{false};
+  table.setRevoker([&](uint32_t id) {
+    path->revoke(id);
+    revoked = true;
+  });
+  path->start();
+  auto consumed = [&] {
+    int queued = 1;
+    auto deadline = after(10);
+    while (::ioctl(fds[0], FIONREAD, &queued) == 0 && queued > 0 && Clock::now() < deadline) std::this_thread::yield();
+    loop->quiesce();
+    return queued == 0;
+  };
+
+  // The first write stops after 100 of its 1000 bytes: the path holds the region.
+  FrameHeader first = tcp::writeFrame(region.id, key, 0, 1000, true, 1);
+  net::writeFull(peer, &first, sizeof first);
+  std::vector<uint8_t> bytes(1000, 0xA1);
+  net::writeFull(peer, bytes.data(), 100);
+  ASSERT_TRUE(consumed());
+  // Hold the loop; conceal() gives up waiting and queues the revoke behind it.
+  std::promise<void> entered, release;
+  loop->post([&] {
+    entered.set_value();
+    release.get_future().wait();
+  });
+  entered.get_future().wait();
+  concealed = std::async(std::launch::async, [&] { table.conceal(region.id); });
+  auto deadline = after(30);
+  while (!revoked && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(revoked.load()) << "conceal() did not revoke the write in progress";
+  // The rest of the first write is there when the loop goes on.
+  net::writeFull(peer, bytes.data() + 100, 900);
+  release.set_value();
+  ASSERT_TRUE(sink.waitFor([](const auto& s) { return s.arrivals.size() == 1; }, 10));
+  loop->quiesce();  // the revoke has run
+  std::vector<uint8_t> rest(50, 0xB2);
+  net::writeFull(peer, rest.data(), rest.size());
+  EXPECT_TRUE(sink.waitFor([](const auto& s) { return s.arrivals.size() == 2; }, 5))
+      << "the revoke of the first write dropped the second";
+  for (size_t i = 0; i < memory.size(); ++i) ASSERT_EQ(i < 100 ? 0xB2 : 0xA1, memory[i]) << "byte " << i;
+  EXPECT_TRUE(sink.now().errors.empty());
+  path->stop();
+  loop->quiesce();
+  path.reset();
+  ::close(peer);
+  table.conceal(region.id);
 }
 
 // shutdown() is the point after which the sink may be destroyed: a

@@ -344,7 +344,7 @@ bool TcpPath::finishFrame(std::string* error) {
           // Not granted: a late duplicate for an earlier exposure.
           if (verdict == RegionTable::Verdict::kGranted) {
             rx_grant_ = std::move(grant);
-            rx_region_.store(h.region);
+            rx_grant_id_.store(static_cast<uint64_t>(++rx_grants_) << 32 | h.region);
           }
           if (by_reference) {
             // The payload stays in the peer's memory: read its address.
@@ -459,13 +459,15 @@ void TcpPath::handleOffer() {
 }
 
 void TcpPath::revoke(uint32_t region) {
-  if (rx_region_.load() != region) return;
-  if (loop_->inLoopThread()) dropGrant(region);
-  else loop_->post([self = shared_from_this(), region] { self->dropGrant(region); });
+  const uint64_t grant = rx_grant_id_.load();
+  if (static_cast<uint32_t>(grant) != region) return;
+  if (loop_->inLoopThread()) dropGrant(grant);
+  else loop_->post([self = shared_from_this(), grant] { self->dropGrant(grant); });
 }
 
-void TcpPath::dropGrant(uint32_t region) {
-  if (rx_region_.load() != region) return;  // finished meanwhile
+void TcpPath::dropGrant(uint64_t grant) {
+  if (rx_grant_id_.load() != grant) return;  // that write finished meanwhile
+  const uint32_t region = static_cast<uint32_t>(grant);
   if (rx_ == Rx::kReference) {
     releaseGrant();  // the address is still read; nothing is copied
     return;
@@ -478,7 +480,7 @@ void TcpPath::dropGrant(uint32_t region) {
 }
 
 void TcpPath::releaseGrant() {
-  rx_region_.store(0);
+  rx_grant_id_.store(0);
   rx_grant_.release();
 }
 

@@ -102,7 +102,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   void flushLater();                       // complete late_flush_ on the loop thread
   void resetReceive();                     // loop thread: drop a half-read frame and its grant
   void releaseGrant();                     // loop thread: the destination region is no longer pinned
-  void dropGrant(uint32_t region);         // loop thread: revoke()'s work
+  void dropGrant(uint64_t grant);          // loop thread: revoke()'s work, for that grant (rx_grant_id_)
   void deliverFlush(std::vector<uint64_t>& wr_ids);
 
   const int fd_;
@@ -144,8 +144,14 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   size_t rx_have_ = 0;                 // header bytes read
   uint64_t rx_left_ = 0;               // payload bytes still to read
   uint8_t* rx_dst_ = nullptr;          // where they go (kPayload, kMessage)
-  RegionTable::Grant rx_grant_;        // kPayload: pins the destination region
-  std::atomic<uint32_t> rx_region_{0};  // its region id (0: none); read by revoke() on any thread
+  RegionTable::Grant rx_grant_;        // kPayload, kReference: pins the destination region
+  // Which grant rx_grant_ is: its serial number << 32 | its region id (0:
+  // none); read by revoke() on any thread. A revoke names the grant it was
+  // meant for, not just the region: by the time the loop runs it, that write
+  // may be over and a later one, after the region was exposed again, be
+  // landing there.
+  std::atomic<uint64_t> rx_grant_id_{0};
+  uint32_t rx_grants_ = 0;             // grants taken (the serial numbers)
   std::vector<uint8_t> rx_message_;    // kMessage
   bool rx_landed_ = false;             // a WRITE landed in this receive(): ACK it
   // Single copy, receiver side.
