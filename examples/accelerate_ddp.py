@@ -28,24 +28,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from common import join_group, maestro_traffic, parser
-
-IN, HIDDEN, OUT, SAMPLES = 32, 64, 4, 512
-
-
-def dataset(seed: int) -> TensorDataset:
-    """y = tanh(x A) + noise: learnable, and the same tensors on every rank and run."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(SAMPLES, IN, generator=g)
-    y = torch.tanh(x @ torch.randn(IN, OUT, generator=g)) + 0.05 * torch.randn(SAMPLES, OUT, generator=g)
-    return TensorDataset(x, y)
-
+from common import join_group, maestro_traffic, parser, regression_dataset, regression_mlp
 
 def main():
     ap = parser(__doc__, steps=24)
@@ -57,10 +45,9 @@ def main():
     accelerator = Accelerator(cpu=True)
     torch.set_num_threads(1)  # Accelerate sets its own count where OMP_NUM_THREADS is unset
     set_seed(args.seed)  # the same initial weights on every rank, the same shuffles
-    model = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                          nn.Linear(HIDDEN, OUT))
+    model = regression_mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    data = DataLoader(dataset(args.seed), batch_size=args.batch, shuffle=True)
+    data = DataLoader(regression_dataset(args.seed), batch_size=args.batch, shuffle=True)
     model, opt, data = accelerator.prepare(model, opt, data)
 
     step, start = 0, time.perf_counter()

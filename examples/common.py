@@ -1,6 +1,7 @@
-"""What the example workloads (fsdp2.py, pipeline.py, moe.py) share: their
-command line, the start of a deterministic run, and the line saying how much
-went over maestro's paths."""
+"""What the example workloads (fsdp2.py, pipeline.py, moe.py, and the
+framework examples lightning_ddp.py and accelerate_ddp.py) share: their
+command line, the start of a deterministic run, the framework examples'
+regression task, and the line saying how much went over maestro's paths."""
 import argparse
 
 import torch
@@ -31,3 +32,25 @@ def maestro_traffic(group=None) -> str:
 
     sent = [s["bytes_sent"] for s in maestro_torch.path_stats(group)]
     return f", rank 0 sent {sum(sent) / 1e6:.2f} MB over {sum(1 for b in sent if b)} maestro paths"
+
+
+# The framework examples' task: a small MLP on a fixed synthetic regression set.
+REGRESSION_IN, REGRESSION_HIDDEN, REGRESSION_OUT, REGRESSION_SAMPLES = 32, 64, 4, 512
+
+
+def regression_dataset(seed: int):
+    """y = tanh(x A) + noise: learnable, and the same tensors on every rank and run."""
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(REGRESSION_SAMPLES, REGRESSION_IN, generator=g)
+    y = torch.tanh(x @ torch.randn(REGRESSION_IN, REGRESSION_OUT, generator=g)) + \
+        0.05 * torch.randn(REGRESSION_SAMPLES, REGRESSION_OUT, generator=g)
+    return TensorDataset(x, y)
+
+
+def regression_mlp() -> torch.nn.Module:
+    n = torch.nn
+    return n.Sequential(n.Linear(REGRESSION_IN, REGRESSION_HIDDEN), n.ReLU(),
+                        n.Linear(REGRESSION_HIDDEN, REGRESSION_HIDDEN), n.ReLU(),
+                        n.Linear(REGRESSION_HIDDEN, REGRESSION_OUT))

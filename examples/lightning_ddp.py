@@ -22,29 +22,16 @@ import time
 import lightning as L
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from lightning.pytorch.strategies import DDPStrategy
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
-from common import maestro_traffic, parser
-
-IN, HIDDEN, OUT, SAMPLES = 32, 64, 4, 512
-
-
-def dataset(seed: int) -> TensorDataset:
-    """y = tanh(x A) + noise: learnable, and the same tensors on every rank and run."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(SAMPLES, IN, generator=g)
-    y = torch.tanh(x @ torch.randn(IN, OUT, generator=g)) + 0.05 * torch.randn(SAMPLES, OUT, generator=g)
-    return TensorDataset(x, y)
-
+from common import maestro_traffic, parser, regression_dataset, regression_mlp
 
 class Regressor(L.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                                 nn.Linear(HIDDEN, OUT))
+        self.net = regression_mlp()
         self.losses = []
 
     def training_step(self, batch, step):
@@ -80,7 +67,7 @@ def main():
                         max_steps=args.steps, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     # shuffle=True: Lightning gives each rank a DistributedSampler (seed 0, set_epoch per epoch).
-    data = DataLoader(dataset(args.seed), batch_size=args.batch, shuffle=True)
+    data = DataLoader(regression_dataset(args.seed), batch_size=args.batch, shuffle=True)
     trainer.fit(model, data)
 
     traffic = maestro_traffic()  # the group outlives fit: Lightning does not destroy it
