@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import ipaddress
 import json
 import os
@@ -76,6 +77,7 @@ def _free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
+@functools.lru_cache(maxsize=None)  # several checks ask; each answer lists every interface's addresses
 def _device_of(addr: str) -> str | None:
     """The interface that carries a local address."""
     for ifname in sorted(os.listdir(SYS_NET)):
