@@ -595,7 +595,7 @@ void ProcessGroupMaestro::workerLoop() {
     p.work->markStarted();
     recorder_.started(p.seq);
     std::exception_ptr error;
-    bool recorded = false;
+    std::optional<std::string> gave_up;  // the group's first failure, when it is this operation's and no stop caused it
     {
       std::lock_guard<std::mutex> lock(mu_);
       error = broken_;
@@ -618,26 +618,20 @@ void ProcessGroupMaestro::workerLoop() {
         if (p.staging) p.staging->copyOut();
       } catch (const std::exception& e) {
         error = std::current_exception();
-        bool first = false, stopping = false;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (!broken_) {
-            broken_ = error;
-            broken_what_ = e.what();
-            first = true;
-          }
-          stopping = stopping_;
-        }
-        recorder_.finished(p.seq, error);  // before the dump, which shows it
-        recorded = true;
-        // abort() ran the hooks already; shutdown() is not an abort.
-        if (first && !stopping) {
-          writeDump();
-          runAbortHooks(e.what());
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!broken_) {
+          broken_ = error;
+          broken_what_ = e.what();
+          // abort() ran the hooks already; shutdown() is not an abort.
+          if (!stopping_) gave_up = e.what();
         }
       }
     }
-    if (!recorded) recorder_.finished(p.seq, error);
+    recorder_.finished(p.seq, error);  // before the dump, which shows it
+    if (gave_up) {
+      writeDump();
+      runAbortHooks(*gave_up);
+    }
     p.work->complete(error);
     if (p.staging) p.staging->finish();
     {
