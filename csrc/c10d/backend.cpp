@@ -708,19 +708,32 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::
   std::vector<at::Tensor> host;
   Reduction op;
   try {
-    host = st->inout(tensors);
+    MAESTRO_CHECK(tensors.size() == 1, "allreduce takes exactly one tensor per process (got ", tensors.size(), ")");
+    // A staged tensor the ring reduces in place is copied in and out in
+    // pieces that overlap its transfer (unless it must be scaled first).
+    // Only a tensor of two pieces or more: below that, a piece's launch and
+    // event would cost more than the overlap gains.
+    const at::Tensor& t = tensors[0];
+    const uint64_t piece = engine_->config().staging_piece;
+    if (opts.reduceOp.op_ != ::c10d::ReduceOp::PREMUL_SUM && t.defined() && piece > 0 &&
+        static_cast<uint64_t>(t.numel()) * t.element_size() >= 2 * piece)
+      host = {st->inoutPipelined(t, collectives::allreduceStagingOrder(static_cast<uint64_t>(t.numel()),
+                                                                       t.element_size(), getRank(), getSize(), piece))};
+    else
+      host = st->inout(tensors);
     checkOne(host, "allreduce");
     op = toReduction(opts.reduceOp, host[0].scalar_type());
   } catch (const Error& e) {
     reject("allreduce", e.what());
   }
   at::Tensor tensor = host[0];
+  collectives::StagedBuffer* pipeline = st->pipeline();  // lives as long as st, which outlives the job
   return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", opts.timeout, {tensors[0]}, {tensors[0]}, st,
-                 [this, tensor, op](uint64_t seq, Deadline deadline) {
+                 [this, tensor, op, pipeline](uint64_t seq, Deadline deadline) {
                    op.prescale(tensor);
                    inPlace(tensor, [&](const collectives::Window& w) {
                      collectives::allreduce(*engine_, seq, w, tensor.numel(), toDType(tensor.scalar_type()), op.op,
-                                            deadline);
+                                            deadline, pipeline);
                    });
                  });
 }

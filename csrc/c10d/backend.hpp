@@ -170,7 +170,9 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   std::map<std::string, double> stagingStats() const {
     return {{"slabs", static_cast<double>(staging_pool_->slabs())},
             {"bytes", static_cast<double>(staging_pool_->bytes())},
-            {"allocations", static_cast<double>(staging_pool_->allocations())}};
+            {"allocations", static_cast<double>(staging_pool_->allocations())},
+            {"pipelined_ops", static_cast<double>(staging_pool_->pipelinedOps())},
+            {"pipelined_pieces", static_cast<double>(staging_pool_->pipelinedPieces())}};
   }
   std::vector<double> chunkTimes(bool clear) { return live("chunk_times")->chunkTimes(clear); }
   // The flight record (maestro_torch.dump()): FlightRecorder::json.

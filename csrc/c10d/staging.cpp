@@ -25,8 +25,9 @@ size_t slabSize(size_t bytes) {
 class HostCopies : public CopyEngine {
  public:
   void start(const Copies&) override {}
-  void toHost(const Copies& copies) override {
-    for (const auto& [dst, src] : copies) dst.copy_(src);
+  size_t staged(const Copies&, size_t) override { return made_; }
+  void stageOne(const Copies& copies, size_t i) override {
+    for (; made_ <= i; ++made_) copies[made_].first.copy_(copies[made_].second);
   }
   void toCaller(const Copies& copies) override {
     for (const auto& [dst, src] : copies) dst.copy_(src);
@@ -35,6 +36,9 @@ class HostCopies : public CopyEngine {
   void hostWait() override {}
   bool done() const override { return true; }
   std::optional<c10::Stream> stream() const override { return std::nullopt; }
+
+ private:
+  size_t made_ = 0;  // the copies in made so far (in order)
 };
 
 // Device tensors: asynchronous copies (cudaMemcpyAsync between the device
@@ -49,7 +53,6 @@ class DeviceCopies : public CopyEngine {
         impl_(device.type()),
         side_(side),
         caller_(device.type()),
-        staged_(device.type()),
         back_(device.type()) {}
 
   void start(const Copies& copies) override {
@@ -58,12 +61,23 @@ class DeviceCopies : public CopyEngine {
     // caller's stream still reads is not overwritten early either.
     caller_.block(side_);
     c10::StreamGuard guard(side_);
-    for (const auto& [dst, src] : copies) dst.copy_(src, /*non_blocking=*/true);
-    staged_.record(side_);
+    // An event after each copy: the worker takes each as soon as it is in.
+    for (const auto& [dst, src] : copies) {
+      dst.copy_(src, /*non_blocking=*/true);
+      staged_.push_back(std::make_unique<c10::Event>(device_.type()));
+      staged_.back()->record(side_);
+    }
   }
 
-  void toHost(const Copies&) override {
-    staged_.synchronize();  // the worker's thread waits; the caller's does not
+  size_t staged(const Copies&, size_t from) override {
+    size_t i = std::max(from, known_);
+    while (i < staged_.size() && staged_[i]->query()) ++i;
+    return known_ = i;
+  }
+
+  void stageOne(const Copies&, size_t i) override {
+    staged_[i]->synchronize();  // the worker's thread waits; the caller's does not
+    known_ = std::max(known_, i + 1);
   }
 
   void toCaller(const Copies& copies) override {
@@ -79,18 +93,77 @@ class DeviceCopies : public CopyEngine {
   void hostWait() override {
     if (recorded_) back_.synchronize();
   }
-  bool done() const override { return !recorded_ || back_.query(); }
+  // The side stream runs its copies in order: the last event recorded
+  // covers every copy before it.
+  bool done() const override {
+    if (recorded_) return back_.query();
+    return staged_.empty() || staged_.back()->query();
+  }
   std::optional<c10::Stream> stream() const override { return side_; }
 
  private:
   c10::Device device_;
   c10::impl::VirtualGuardImpl impl_;
   c10::Stream side_;
-  c10::Event caller_, staged_, back_;
+  c10::Event caller_, back_;
+  std::vector<std::unique_ptr<c10::Event>> staged_;  // one per copy in, in order (fixed by start())
+  size_t known_ = 0;                                 // the copies in known complete (the worker's)
   std::atomic<bool> recorded_{false};
 };
 
+// Bytes of a contiguous tensor, as a flat uint8 view of the same memory.
+at::Tensor bytesOf(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
+
 }  // namespace
+
+// The pipelined tensor of an operation: which of its pieces are in place,
+// and the copy back of each part the operation reports final.
+class OpStaging::Pipeline : public collectives::StagedBuffer {
+ public:
+  Pipeline(OpStaging& op, const at::Tensor& caller, const at::Tensor& host, size_t first,
+           std::vector<collectives::Span> pieces)
+      : op_(op), caller_(bytesOf(caller)), host_(bytesOf(host)), first_(first), pieces_(std::move(pieces)) {}
+
+  bool ready(uint64_t offset, uint64_t bytes) override {
+    if (bytes == 0) return true;
+    staged_ = op_.copies_->staged(op_.in_, staged_);
+    for (size_t j = 0; j < pieces_.size(); ++j) {
+      const collectives::Span& p = pieces_[j];
+      if (p.offset < offset + bytes && offset < p.offset + p.bytes && first_ + j >= staged_) return false;
+    }
+    return true;
+  }
+
+  bool stageMore() override {
+    staged_ = op_.copies_->staged(op_.in_, staged_);
+    if (staged_ >= first_ + pieces_.size()) return false;
+    op_.copies_->stageOne(op_.in_, staged_);
+    ++staged_;
+    return true;
+  }
+
+  void final(uint64_t offset, uint64_t bytes) override {
+    const auto off = static_cast<int64_t>(offset), len = static_cast<int64_t>(bytes);
+    op_.copies_->toCaller({{caller_.narrow(0, off, len), host_.narrow(0, off, len)}});
+    final_bytes_ += bytes;
+  }
+
+  // Whether every byte was reported final (and copied back).
+  bool complete() const { return final_bytes_ == static_cast<uint64_t>(caller_.numel()); }
+  // The whole tensor back, where the operation did not report it (a group of one).
+  void copyBackWhole() {
+    op_.copies_->toHost(op_.in_);
+    op_.copies_->toCaller({{caller_, host_}});
+  }
+
+ private:
+  OpStaging& op_;
+  at::Tensor caller_, host_;  // flat bytes
+  size_t first_;              // its first piece in op_.in_
+  std::vector<collectives::Span> pieces_;
+  size_t staged_ = 0;  // op_.in_ entries known in place
+  uint64_t final_bytes_ = 0;
+};
 
 StagingMode stagingMode(const std::string& knob) {
   if (knob == "force") return StagingMode::kForce;
@@ -205,6 +278,29 @@ OpStaging::OpStaging(StagingPool& pool, StagingMode mode, std::optional<at::Devi
 
 OpStaging::~OpStaging() { finish(); }
 
+at::Tensor OpStaging::inoutPipelined(const at::Tensor& t, const std::vector<collectives::Span>& order) {
+  at::Tensor host = map(t, false, false);
+  if (host.is_same(t) || host.numel() == 0 || !t.is_contiguous() || order.size() < 2 || pipeline_) {
+    if (!host.is_same(t) && host.numel() > 0) {
+      in_.emplace_back(host, t);
+      out_.emplace_back(t, host);
+    }
+    return host;
+  }
+  const at::Tensor caller = bytesOf(t), staged = bytesOf(host);
+  const size_t first = in_.size();
+  for (const auto& p : order) {
+    const auto off = static_cast<int64_t>(p.offset), len = static_cast<int64_t>(p.bytes);
+    in_.emplace_back(staged.narrow(0, off, len), caller.narrow(0, off, len));
+  }
+  pipeline_ = std::make_unique<Pipeline>(*this, t, host, first, order);
+  pipeline_first_ = first;
+  pool_.notePipelined(order.size());
+  return host;
+}
+
+collectives::StagedBuffer* OpStaging::pipeline() { return pipeline_.get(); }
+
 at::Tensor OpStaging::map(const at::Tensor& t, bool read, bool write) {
   if (!t.defined()) return t;  // the operation's own checks name it
   const at::Device d = t.device();
@@ -266,11 +362,19 @@ void OpStaging::called() {
 }
 
 void OpStaging::copyIn() {
-  if (copies_) copies_->toHost(in_);
+  if (!copies_) return;
+  if (!pipeline_) {
+    copies_->toHost(in_);
+    return;
+  }
+  // The pipelined tensor's pieces are taken by the operation as they land.
+  for (size_t i = copies_->staged(in_, 0); i < pipeline_first_; ++i) copies_->stageOne(in_, i);
 }
 
 void OpStaging::copyOut() {
-  if (copies_) copies_->toCaller(out_);
+  if (!copies_) return;
+  if (pipeline_ && !pipeline_->complete()) pipeline_->copyBackWhole();
+  copies_->toCaller(out_);
 }
 
 void OpStaging::finish() {

@@ -17,6 +17,11 @@
 //     call on (so an operation's copy in overlaps the transfer of the ones
 //     queued before it, e.g. DDP's gradient buckets), slab -> device as soon
 //     as the operation's data is there;
+//   - an allreduce's copies are cut into pieces (inoutPipelined): the ring
+//     sends and reduces each piece as soon as it is in place, while the next
+//     ones are still being copied, and copies each part back as soon as it
+//     is final -- so only about one piece each way is not hidden behind the
+//     transfer;
 //   - Work.wait() makes the caller's current stream wait for the copy back;
 //     Work.synchronize() blocks the host until it is done;
 //   - the caller's tensors are record_stream'ed on the side stream, so the
@@ -35,6 +40,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -42,6 +48,8 @@
 #include <string>
 #include <vector>
 
+#include "collectives/plan.h"
+#include "collectives/staged_buffer.h"
 #include "transport/transport.h"
 
 namespace maestro {
@@ -61,19 +69,27 @@ class CopyEngine {
   using Copies = std::vector<std::pair<at::Tensor, at::Tensor>>;  // (destination, source)
   virtual ~CopyEngine() = default;
   // At the call, on the caller's thread: the caller's work so far is what
-  // the copies wait for. Device copies into the stand-ins start here, so
-  // they run while the operations queued before this one are on the wire.
+  // the copies wait for. Device copies into the stand-ins start here, in
+  // order, so they run while the operations queued before this one are on
+  // the wire.
   virtual void start(const Copies& copies) = 0;
-  // On the worker: the copies into the host stand-ins are complete when it
-  // returns (host copies are made here).
-  virtual void toHost(const Copies& copies) = 0;
+  // On the worker, never blocking: how many of the copies (a prefix, at
+  // least `from`, which are known complete) are complete.
+  virtual size_t staged(const Copies& copies, size_t from) = 0;
+  // On the worker: copy i is complete when it returns (a host copy is made
+  // here; the copies before it are complete already).
+  virtual void stageOne(const Copies& copies, size_t i) = 0;
+  // On the worker: every copy into the host stand-ins is complete when it returns.
+  void toHost(const Copies& copies) {
+    for (size_t i = staged(copies, 0); i < copies.size(); ++i) stageOne(copies, i);
+  }
   // Copies back into the caller's tensors; does not wait for them.
   virtual void toCaller(const Copies& copies) = 0;
   // Work.wait(): the calling thread's current stream waits for toCaller's copies.
   virtual void streamWait() = 0;
   // Work.synchronize(): the host waits for them.
   virtual void hostWait() = 0;
-  // Whether toCaller's copies are done (a slab they read may then be reused).
+  // Whether every copy made so far is done (a slab they use may then be reused).
   virtual bool done() const = 0;
   // The stream the copies back run on (the Work's future records its events
   // there); none for host copies.
@@ -114,6 +130,13 @@ class StagingPool {
   size_t slabs() const;
   size_t bytes() const;
   uint64_t allocations() const { return allocations_; }
+  // Operations whose copies were pipelined, and their pieces.
+  void notePipelined(size_t pieces) {
+    pipelined_ops_.fetch_add(1);
+    pipelined_pieces_.fetch_add(pieces);
+  }
+  uint64_t pipelinedOps() const { return pipelined_ops_.load(); }
+  uint64_t pipelinedPieces() const { return pipelined_pieces_.load(); }
 
  private:
   void drop(std::vector<std::shared_ptr<Slab>>::iterator it);  // mu_ held
@@ -127,6 +150,7 @@ class StagingPool {
   uint64_t clock_ = 0;
   bool closed_ = false;
   uint64_t allocations_ = 0;
+  std::atomic<uint64_t> pipelined_ops_{0}, pipelined_pieces_{0};
 };
 
 // One operation's stand-ins: built at the call (where a bad mix of devices
@@ -145,6 +169,14 @@ class OpStaging {
   std::vector<at::Tensor> in(const std::vector<at::Tensor>& ts) { return map(ts, true, false); }
   std::vector<at::Tensor> out(const std::vector<at::Tensor>& ts) { return map(ts, false, true); }
   std::vector<at::Tensor> inout(const std::vector<at::Tensor>& ts) { return map(ts, true, true); }
+  // inout(t) for an operation that works on t in place piece by piece (a
+  // ring allreduce): the copy in is cut into `order` (byte spans of t, whole
+  // elements, covering it once) that the operation takes one by one as they
+  // land, and each part it finishes is copied back at once (pipeline()).
+  // Whole copies where t is not staged, not contiguous, or too small to cut.
+  at::Tensor inoutPipelined(const at::Tensor& t, const std::vector<collectives::Span>& order);
+  // What the operation asks about its pipelined tensor; null when there is none.
+  collectives::StagedBuffer* pipeline();
 
   // Whether any tensor is staged.
   bool active() const { return !slabs_.empty(); }
@@ -160,6 +192,7 @@ class OpStaging {
   std::shared_ptr<CopyEngine> copies() const { return copies_; }
 
  private:
+  class Pipeline;
   at::Tensor map(const at::Tensor& t, bool read, bool write);
   std::vector<at::Tensor> map(const std::vector<at::Tensor>& ts, bool read, bool write);
 
@@ -171,6 +204,8 @@ class OpStaging {
   std::shared_ptr<CopyEngine> copies_;
   std::vector<std::shared_ptr<StagingPool::Slab>> slabs_;
   CopyEngine::Copies in_, out_;  // (host, caller), (caller, host)
+  std::unique_ptr<Pipeline> pipeline_;
+  size_t pipeline_first_ = 0;  // its first piece in in_ (the entries before it are copied whole)
   bool finished_ = false;
 };
 

@@ -11,6 +11,7 @@
 
 #include "collectives/op.h"
 #include "collectives/reduce.h"
+#include "collectives/staged_buffer.h"
 #include "multipath/engine.h"
 
 namespace maestro {
@@ -22,9 +23,11 @@ constexpr int kWorkBuffer = 1;     // reduce_scatter's working copy of the input
 constexpr int kStagingBuffer = 2;  // the caller's staging of a tensor it must copy (c10d glue)
 
 // Ring allreduce, in place: reduce-scatter then allgather, segment-pipelined;
-// the allgather phase writes straight into the peers' tensors.
+// the allgather phase writes straight into the peers' tensors. `staged`: the
+// tensor is still being copied in and out (staged_buffer.h); null: it is in
+// place.
 void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
-               ReduceOp op, Deadline deadline);
+               ReduceOp op, Deadline deadline, StagedBuffer* staged = nullptr);
 // input: size*count elements; output (count elements) gets this rank's
 // reduced block. The input is not modified.
 void reduceScatter(multipath::Engine& engine, uint64_t seq, const void* input, void* output, uint64_t count,

@@ -18,6 +18,18 @@ std::vector<Span> balancedBlocks(uint64_t count, size_t elem, int n) {
   return out;
 }
 
+std::vector<Span> allreduceStagingOrder(uint64_t count, size_t elem, int rank, int n, uint64_t piece_bytes) {
+  MAESTRO_CHECK(n >= 1 && rank >= 0 && rank < n && elem > 0, "bad staging order parameters");
+  const uint64_t piece = std::max<uint64_t>(elem, piece_bytes / elem * elem);
+  const std::vector<Span> blocks = balancedBlocks(count, elem, n);
+  std::vector<Span> out;
+  for (int s = 0; s < n; ++s) {
+    const Span& b = blocks[((rank - s) % n + n) % n];
+    for (uint64_t at = 0; at < b.bytes; at += piece) out.push_back({b.offset + at, std::min(piece, b.bytes - at)});
+  }
+  return out;
+}
+
 std::vector<Span> equalBlocks(uint64_t bytes, int n) {
   std::vector<Span> out(n);
   for (int i = 0; i < n; ++i) out[i] = {static_cast<uint64_t>(i) * bytes, bytes};

@@ -19,6 +19,12 @@ struct Span {
 // count elements of elem bytes over n blocks; the first count % n blocks get
 // one more element.
 std::vector<Span> balancedBlocks(uint64_t count, size_t elem, int n);
+// The order in which rank `rank` of a ring allreduce over n ranks first
+// needs the bytes of its tensor (count elements of `elem` bytes): its
+// reduce-scatter sends block r at step 0 and reduces into block r-1-s at
+// step s, so blocks r, r-1, ..., r+1. Each block is cut into pieces of at
+// most piece_bytes (whole elements): the order to stage a tensor in.
+std::vector<Span> allreduceStagingOrder(uint64_t count, size_t elem, int rank, int n, uint64_t piece_bytes);
 // n consecutive blocks of `bytes` each.
 std::vector<Span> equalBlocks(uint64_t bytes, int n);
 

@@ -50,6 +50,7 @@
 #include "collectives/collectives.h"
 #include "collectives/exchange.h"
 #include "collectives/plan.h"
+#include "collectives/staged_buffer.h"
 #include "common/config.h"
 #include "common/error.h"
 
@@ -71,6 +72,11 @@ struct RingPlan {
   bool allgather = false;
   int ag_shift = 0;  // AG step s: rank r sends block (r + ag_shift - s)
   int ag_root = -1;  // >= 0: the allgather phase only carries blocks towards this rank (reduce)
+  // An allreduce's buffer still being copied in and out (a device tensor's
+  // stand-in): a reduce-scatter message is sent from, or expected into,
+  // bytes only once they are in place, and every part is reported final as
+  // soon as it is (its reduce-scatter's last step, or its allgather message).
+  StagedBuffer* staged = nullptr;
 };
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -144,13 +150,17 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     ++processed_count;
     if (k + W < total) to_free.push_back(k);
   };
-  // Expect message k; false for an empty one (processed at once).
-  auto expectMessage = [&](uint32_t k) -> bool {
-    Span span = recvSpan(k);
-    if (span.bytes == 0) {
-      markProcessed(k);
-      return false;
-    }
+  // Staged buffer: reduce-scatter messages waiting for the bytes they reduce
+  // into (their chunks land in the scratch slot meanwhile and are reduced
+  // when the message is expected).
+  std::vector<uint32_t> deferred;
+  bool waits_for_staging = false;  // this step found a message waiting for staged bytes
+  auto staged = [&](const Span& span) {
+    if (!plan.staged || plan.staged->ready(span.offset, span.bytes)) return true;
+    waits_for_staging = true;
+    return false;
+  };
+  auto expectNow = [&](uint32_t k, const Span& span) {
     multipath::ChunkHook hook;
     if (isRS(k)) {
       uint8_t* dst = work + span.offset;
@@ -165,7 +175,27 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     }
     recv[k] = engine.expect(L, tagOf(k), span.bytes, std::move(hook));
     pending.push_back(k);
-    return true;
+    // Windowed: the writer may now use the tag for message k.
+    if (k >= W) {
+      try {
+        engine.sendControl(L, ControlType::kCredit, ctx.seq(), kSubReady + k);
+      } catch (const Error& e) {
+        ctx.abort(e.what());
+      }
+    }
+  };
+  // Expect message k (an empty one is processed at once).
+  auto expectMessage = [&](uint32_t k) {
+    Span span = recvSpan(k);
+    if (span.bytes == 0) {
+      markProcessed(k);
+      return;
+    }
+    if (isRS(k) && !staged(span)) {
+      deferred.push_back(k);
+      return;
+    }
+    expectNow(k, span);
   };
   for (uint32_t k = 0; k < std::min(total, W); ++k) expectMessage(k);
   // Windowed: hand message m's tag to message m + W once m is over on both
@@ -179,13 +209,7 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
       }
       engine.recycleTag(L, tagOf(m));
     }
-    if (expectMessage(m + W)) {
-      try {
-        engine.sendControl(L, ControlType::kCredit, ctx.seq(), kSubReady + m + W);
-      } catch (const Error& e) {
-        ctx.abort(e.what());
-      }
-    }
+    expectMessage(m + W);
     return true;
   };
 
@@ -204,6 +228,8 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     }
     if (isRS(k)) {
       if (s > 0 && !processed[(s - 1) * G + g]) return false;
+      // Step 0 sends this rank's own bytes (later steps, bytes it reduced into).
+      if (s == 0 && !staged(sendSpan(k))) return false;
       if (k >= K) {
         uint32_t j = k - K;  // the message that used this slot before
         if (sendSpan(j).bytes > 0 && !credit[j]) {
@@ -222,7 +248,26 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     return processed[rs_steps * G + (s - 1) * G + g] != 0;
   };
 
-  auto step = [&]() -> bool {
+  // A message just processed: with a staged buffer, report what became final.
+  auto finalOf = [&](uint32_t k) {
+    if (!plan.staged || plan.ag_root >= 0) return;
+    if ((isRS(k) && stepOf(k) == rs_steps - 1 && plan.allgather) || !isRS(k)) {
+      const Span span = recvSpan(k);
+      if (span.bytes > 0) plan.staged->final(span.offset, span.bytes);
+    }
+  };
+  auto step1 = [&]() -> bool {
+    waits_for_staging = false;
+    for (size_t i = 0; i < deferred.size();) {
+      const uint32_t k = deferred[i];
+      const Span span = recvSpan(k);
+      if (!staged(span)) {
+        ++i;
+        continue;
+      }
+      deferred.erase(deferred.begin() + static_cast<std::ptrdiff_t>(i));
+      expectNow(k, span);
+    }
     for (size_t i = 0; i < pending.size();) {
       uint32_t k = pending[i];
       if (!recv[k]->done()) {
@@ -232,6 +277,7 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
       engine.release(recv[k]);
       recv[k].reset();
       markProcessed(k);
+      finalOf(k);
       if (isRS(k)) {
         // Best effort: the writer waits for its credits and fails on its own
         // if it cannot get them; our progress does not depend on this.
@@ -292,6 +338,15 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     }
     return next == total && processed_count == total && sent;
   };
+  // With a staged buffer, a step that found a message waiting for its bytes
+  // waits for the next staged piece and goes on (no transport event would
+  // wake it for that); everything the transport did meanwhile is seen then.
+  auto step = [&]() -> bool {
+    for (;;) {
+      if (step1()) return true;
+      if (!waits_for_staging || !plan.staged->stageMore()) return false;
+    }
+  };
   auto waiting = [&]() {
     size_t unsent = 0;
     for (const auto& s : sends) unsent += s->done() ? 0 : 1;
@@ -334,10 +389,12 @@ RingPlan allreducePlan(const Window& work, uint64_t count, DType dtype, ReduceOp
 }  // namespace
 
 void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
-               ReduceOp op, Deadline deadline) {
+               ReduceOp op, Deadline deadline, StagedBuffer* staged) {
   OpContext ctx(engine, seq, opDesc(OpKind::kAllreduce, dtype, count, op), deadline);
   if (engine.size() == 1) return;
-  runRing(ctx, allreducePlan(tensor, count, dtype, op, engine.size()));
+  RingPlan plan = allreducePlan(tensor, count, dtype, op, engine.size());
+  plan.staged = staged;
+  runRing(ctx, plan);
 }
 
 void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype, ReduceOp op,

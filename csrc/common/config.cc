@@ -263,6 +263,17 @@ std::vector<Knob> buildKnobs() {
        "CUDA tensors are refused",
        false, [](const Config& c) { return c.staging; },
        [](Config& c, const std::string& v) { c.staging = oneOf("MAESTRO_STAGING", v, {"auto", "force", "off"}); }},
+      {"staging_piece", "MAESTRO_STAGING_PIECE", "2M",
+       "a staged allreduce's copies in and back are cut into pieces of this size, so that the ring sends the first "
+       "while the next are copied and each part goes back as soon as it is final; 0: copy the whole tensor in "
+       "before the operation and back after it",
+       false, [](const Config& c) { return std::to_string(c.staging_piece); },
+       [](Config& c, const std::string& v) {
+         size_t s = parseSize("MAESTRO_STAGING_PIECE", v);
+         MAESTRO_CHECK(s == 0 || (s >= 4096 && s <= (size_t(1) << 30)), "MAESTRO_STAGING_PIECE=", s,
+                       " must be 0 (whole copies) or between 4096 and 1G");
+         c.staging_piece = s;
+       }},
       {"discovery", "MAESTRO_DISCOVERY", "auto",
        "ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own 5-tuple, "
        "keep one per distinct hop (for ECMP-hashed networks); auto: ttl when a probe from some rank towards its "

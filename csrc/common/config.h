@@ -53,6 +53,8 @@ struct Config {
   // auto: CUDA tensors travel through pinned host slabs (c10d/staging.hpp) |
   // force: CPU tensors too (tests the staging without a GPU) | off: CUDA refused.
   std::string staging = "auto";
+  // Pieces of a staged allreduce's copies (c10d/staging.hpp); 0: whole copies.
+  size_t staging_piece = size_t(2) << 20;
   // off | ttl: find disjoint routes among candidate connections | auto: ttl
   // where a router answers a probe between ranks (the QP manager resolves it
   // to off or ttl at set-up).

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "collectives/collectives.h"
+#include "collectives/plan.h"
 #include "multipath/engine.h"
 #include "collective_world.h"
 #include "test_util.h"
@@ -305,6 +306,105 @@ TEST(CollectivesDescriptor, ADescriptorWithoutItsBufferIsRefused) {
   });
   for (auto& err : errors) ASSERT_EQ("", errorText(err));
   EXPECT_NE(std::string::npos, error.find("malformed operation descriptor from rank 1: 0 buffers, expected 1")) << error;
+}
+
+// A staged buffer as forced staging makes it: each piece is copied in from
+// the caller's data only when the ring waits for more (stageMore), and each
+// part reported final is copied back at once. It records what the ring did.
+class PieceStager : public StagedBuffer {
+ public:
+  PieceStager(std::vector<float>& host, const std::vector<float>& caller, std::vector<Span> pieces)
+      : host_(host), caller_(caller), pieces_(std::move(pieces)), back(caller.size(), -1.0f), finals(caller.size(), 0) {}
+  bool ready(uint64_t offset, uint64_t bytes) override {
+    for (size_t j = 0; j < pieces_.size(); ++j)
+      if (pieces_[j].offset < offset + bytes && offset < pieces_[j].offset + pieces_[j].bytes && j >= staged_)
+        return false;
+    if (staged_ < pieces_.size()) went_ahead = true;  // the ring used bytes before the whole tensor was in
+    return true;
+  }
+  bool stageMore() override {
+    if (staged_ == pieces_.size()) return false;
+    const Span& p = pieces_[staged_++];
+    std::memcpy(reinterpret_cast<uint8_t*>(host_.data()) + p.offset,
+                reinterpret_cast<const uint8_t*>(caller_.data()) + p.offset, p.bytes);
+    return true;
+  }
+  void final(uint64_t offset, uint64_t bytes) override {
+    for (uint64_t i = offset / 4; i < (offset + bytes) / 4; ++i) {
+      back[i] = host_[i];
+      ++finals[i];
+    }
+  }
+  bool went_ahead = false;
+  std::vector<float> back;  // the caller's tensor after the copies back
+  std::vector<int> finals;  // how often each element was reported final
+
+ private:
+  std::vector<float>& host_;
+  const std::vector<float>& caller_;
+  std::vector<Span> pieces_;
+  size_t staged_ = 0;
+};
+
+// A staged allreduce: the stand-in starts as garbage and is filled piece by
+// piece while the ring runs. The ring must read no byte before its piece is
+// in, must start before the last piece is, and must report each element final exactly
+// once, holding its reduced value then -- with a window of tags of its own
+// and one short enough to reuse them.
+TEST_P(Collectives, AStagedAllreduceGoesAheadOfItsCopiesAndReportsEachElementFinalOnce) {
+  struct Restore {
+    ~Restore() { setRingTagWindow(0); }
+  } restore;
+  const int n = GetParam();
+  World w(n);
+  uint64_t seq = 1;
+  for (uint32_t window : {0u, 3u}) {
+    setRingTagWindow(window);
+    for (uint64_t count : {1ull, 1001ull, 300000ull}) {
+      std::vector<std::vector<float>> caller(n, std::vector<float>(count)), host(n, std::vector<float>(count, -7e9f));
+      for (int r = 0; r < n; ++r)
+        for (uint64_t i = 0; i < count; ++i) caller[r][i] = static_cast<float>((i * 7 + r * 13) % 1000);
+      std::vector<std::unique_ptr<PieceStager>> stagers;
+      for (int r = 0; r < n; ++r)
+        stagers.push_back(std::make_unique<PieceStager>(host[r], caller[r],
+                                                        allreduceStagingOrder(count, 4, r, n, 32 << 10)));
+      auto errors = runRanks(n, [&](int r) {
+        auto& e = *w.engines[r];
+        Window win = registered(e, host[r]);
+        allreduce(e, seq, win, count, DType::kFloat32, ReduceOp::kSum, after(60), stagers[r].get());
+        e.deregisterMemory(win.region);
+      });
+      ++seq;
+      for (int r = 0; r < n; ++r) ASSERT_EQ("", errorText(errors[r])) << n << " ranks, window " << window;
+      for (int r = 0; r < n; ++r) {
+        if (count == 300000) EXPECT_TRUE(stagers[r]->went_ahead) << "rank " << r;
+        for (uint64_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<float>((i * 7 + q * 13) % 1000);
+          ASSERT_EQ(1, stagers[r]->finals[i]) << "rank " << r << " element " << i << " of " << count;
+          ASSERT_EQ(want, stagers[r]->back[i]) << "rank " << r << " element " << i << " of " << count;
+          ASSERT_EQ(want, host[r][i]) << "rank " << r << " element " << i << " of " << count;
+        }
+      }
+    }
+  }
+}
+
+TEST(StagingOrder, BlocksInTheOrderTheRingFirstNeedsThemCutIntoWholeElementPieces) {
+  // 10 floats on 3 ranks: blocks of 4, 3, 3 elements (bytes 0-16, 16-28, 28-40).
+  auto order = allreduceStagingOrder(10, 4, 1, 3, 8);
+  std::vector<std::pair<uint64_t, uint64_t>> got;
+  for (const auto& s : order) got.emplace_back(s.offset, s.bytes);
+  // Rank 1: block 1, then 0, then 2; pieces of 2 elements.
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {{16, 8}, {24, 4}, {0, 8}, {8, 8}, {28, 8}, {36, 4}};
+  EXPECT_EQ(want, got);
+  // A piece smaller than an element is one element; every byte once.
+  uint64_t covered = 0;
+  for (const auto& s : allreduceStagingOrder(1001, 8, 0, 4, 5)) {
+    EXPECT_EQ(8u, s.bytes);
+    covered += s.bytes;
+  }
+  EXPECT_EQ(1001u * 8, covered);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4),

@@ -11,7 +11,9 @@ import torch
 import cuda_workers
 from launcher import matrix_tests, run_ranks
 
-FORCE = {"MAESTRO_STAGING": "force", "MAESTRO_TEST_DEVICE": "cpu", "MAESTRO_CHUNK_SIZE": "16K"}
+# Small pieces: the matrix's mid-size tensors take the pipelined copies too.
+FORCE = {"MAESTRO_STAGING": "force", "MAESTRO_TEST_DEVICE": "cpu", "MAESTRO_CHUNK_SIZE": "16K",
+         "MAESTRO_STAGING_PIECE": "64K"}
 
 world_results, test_staged_case, test_every_rank_finished = matrix_tests(
     cuda_workers.matrix_of, cuda_workers.case_names(), [2, 3], FORCE,
