@@ -97,28 +97,33 @@ def section(rec: dict, out: str) -> tuple[str, str]:
     rows, plot = [], {}
     for r in d["allreduce_cuda"]:
         n, nbytes = r["ranks"], r["bytes"]
-        cells = {v: _busbw_cell(r[v], nbytes, n) for v in ("maestro", "gloo", "maestro-cpu") if v in r}
+        cells = {v: _busbw_cell(r[v], nbytes, n) for v in ("maestro", "maestro-whole", "gloo", "maestro-cpu") if v in r}
         for v, (med, _) in cells.items():
             plot.setdefault(v, []).append((n, med, _busbw_samples(r[v], nbytes, n)))
-        exposed = r.get("copy_exposed")
-        rows.append([n, cells["maestro"][1], cells["gloo"][1] if "gloo" in cells else "-",
+        exposed, whole = r.get("copy_exposed"), r.get("copy_exposed_whole")
+        rows.append([n, cells["maestro"][1], cells["maestro-whole"][1] if "maestro-whole" in cells else "-",
+                     cells["gloo"][1] if "gloo" in cells else "-",
                      cells["maestro-cpu"][1] if "maestro-cpu" in cells else "-",
                      f"**{r['ratio_busbw']:.2f}x**" if "ratio_busbw" in r else "-",
                      f"{r['ratio_vs_cpu']:.2f}" if "ratio_vs_cpu" in r else "-",
-                     f"{exposed:.0%}" if exposed is not None else "-", "yes" if r["ok"] else "NO"])
+                     f"{exposed:.0%}" if exposed is not None else "-",
+                     f"{whole:.0%}" if whole is not None else "-", "yes" if r["ok"] else "NO"])
     if rows:
         samples = d["allreduce_cuda"][0]["maestro"]["samples"]
         parts.append(
             f"64 MiB allreduce on CUDA tensors ({d['gpu']}), every rank on this one GPU, over maestro's 4 loopback "
-            f"paths: maestro (CUDA tensors staged through pinned host slabs), gloo (CUDA tensors, its own host "
-            f"copies), and maestro on the same data as CPU tensors, in the same processes, timed in interleaved "
-            f"blocks; busbw median (min-max) of {samples} timings each. Copy time exposed: (CUDA op - CPU op) / "
-            f"CUDA op, of the medians.\n\n"
-            + report.table(["ranks", "maestro CUDA busbw GB/s", "gloo CUDA busbw GB/s", "maestro CPU busbw GB/s",
-                            "maestro vs gloo (CUDA)", "maestro CUDA / CPU", "copy time exposed", "exact"], rows))
+            f"paths: maestro (CUDA tensors staged through pinned host slabs, its defaults: copies in pieces that "
+            f"overlap the ring), maestro with whole copies (MAESTRO_STAGING_PIECE=0: the tensor copied in before "
+            f"the ring and back after it), gloo (CUDA tensors, its own host copies), and maestro on the same data "
+            f"as CPU tensors, in the same processes, timed in interleaved blocks; busbw median (min-max) of "
+            f"{samples} timings each. Copy time exposed: (CUDA op - CPU op) / CUDA op, of the medians.\n\n"
+            + report.table(["ranks", "maestro CUDA busbw GB/s", "maestro CUDA, whole copies", "gloo CUDA busbw GB/s",
+                            "maestro CPU busbw GB/s", "maestro vs gloo (CUDA)", "maestro CUDA / CPU",
+                            "copy time exposed", "exposed, whole copies", "exact"], rows))
     trows = []
+    whole_col = any("maestro-whole" in by for by in d["train"].values())
     for model, by in sorted(d["train"].items()):
-        m, g = by.get("maestro"), by.get("gloo")
+        m, g, w = by.get("maestro"), by.get("gloo"), by.get("maestro-whole")
         if not m:
             continue
 
@@ -130,11 +135,15 @@ def section(rec: dict, out: str) -> tuple[str, str]:
                 "losses yes, parameters differ" if m["losses"] == g["losses"] else "NO")
         elif m and g:
             same = "not recorded (from the log)"
-        trows.append([model, f"{m['world']} x {m['batch']} ({m['input']})", cell(m, "samples_per_s", "{:.1f}"),
-                      cell(g, "samples_per_s", "{:.1f}"),
-                      f"**{m['samples_per_s'] / g['samples_per_s']:.2f}x**" if g else "-",
-                      cell(m, "exposed_comm_s", "{:.3f}"), cell(g, "exposed_comm_s", "{:.3f}"),
-                      cell(m, "compute_s", "{:.3f}"), same])
+        row = [model, f"{m['world']} x {m['batch']} ({m['input']})", cell(m, "samples_per_s", "{:.1f}"),
+               cell(g, "samples_per_s", "{:.1f}"),
+               f"**{m['samples_per_s'] / g['samples_per_s']:.2f}x**" if g else "-",
+               cell(m, "exposed_comm_s", "{:.3f}"), cell(g, "exposed_comm_s", "{:.3f}"),
+               cell(m, "compute_s", "{:.3f}"), same]
+        if whole_col:
+            row[4:4] = [cell(w, "samples_per_s", "{:.1f}")]
+            row[7:7] = [cell(w, "exposed_comm_s", "{:.3f}")]
+        trows.append(row)
     if trows:
         full = [r for by in d["train"].values() for r in by.values() if "steps" in r]
         steps = f"{full[0]['steps']} steps ({full[0]['warmup']} warm-up)" if full else ""
@@ -147,10 +156,14 @@ def section(rec: dict, out: str) -> tuple[str, str]:
             f"parameters compared step by step between the backends."
             + (f" The JSON of {', '.join(logged)} did not come back from the GPU machine; their row is the line "
                f"train.py printed in the run's log (gpu_check.log), without losses or checksums." if logged else "")
+            + (" maestro, whole copies: maestro with MAESTRO_STAGING_PIECE=0 (the tensor copied in before the ring "
+               "and back after it), what its default pipelined copies are measured against." if whole_col else "")
             + "\n\n"
-            + report.table(["model", "ranks x batch", "maestro samples/s", "gloo samples/s", "maestro vs gloo",
-                            "maestro exposed comm s", "gloo exposed comm s", "compute alone s",
-                            "same losses and parameters"], trows))
+            + report.table(["model", "ranks x batch", "maestro samples/s", "gloo samples/s"]
+                           + (["maestro, whole copies samples/s"] if whole_col else [])
+                           + ["maestro vs gloo", "maestro exposed comm s", "gloo exposed comm s"]
+                           + (["maestro, whole copies exposed comm s"] if whole_col else [])
+                           + ["compute alone s", "same losses and parameters"], trows))
     hrows = []
     for r in d["allreduce_cpu_host"]:
         n, nbytes = r["ranks"], r["bytes"]
@@ -168,17 +181,17 @@ def section(rec: dict, out: str) -> tuple[str, str]:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 3.4))
-        width = 0.25
-        for i, v in enumerate(("maestro", "gloo", "maestro-cpu")):
-            pts = plot.get(v, [])
-            if not pts:
-                continue
-            xs = [j + (i - 1) * width for j in range(len(pts))]
+        shown = [v for v in ("maestro", "maestro-whole", "gloo", "maestro-cpu") if plot.get(v)]
+        width = 0.8 / len(shown)
+        for i, v in enumerate(shown):
+            pts = plot[v]
+            xs = [j + (i - (len(shown) - 1) / 2) * width for j in range(len(pts))]
             meds = [p[1] for p in pts]
             lo = [med - min(bw) for _, med, bw in pts]
             hi = [max(bw) - med for _, med, bw in pts]
             ax.bar(xs, meds, width, yerr=[lo, hi], capsize=3,
-                   label={"maestro": "maestro, CUDA", "gloo": "gloo, CUDA", "maestro-cpu": "maestro, CPU tensors"}[v])
+                   label={"maestro": "maestro, CUDA", "maestro-whole": "maestro, CUDA, whole copies",
+                          "gloo": "gloo, CUDA", "maestro-cpu": "maestro, CPU tensors"}[v])
         ax.set_xticks(range(len(plot["maestro"])), [f"{p[0]} ranks" for p in plot["maestro"]])
         ax.set_ylabel("busbw GB/s (median, min-max)")
         ax.set_title(f"64 MiB allreduce, ranks sharing one {d['gpu'] or 'GPU'}")

@@ -4,8 +4,9 @@
 # the torch it has, runs the CUDA tests with MAESTRO_REQUIRE_GPU=1 (a missing
 # GPU fails them instead of skipping), then measures, every rank on loopback
 # and sharing the GPU:
-#   - 64 MiB allreduce on CUDA tensors at 2 and 4 ranks: maestro, gloo, and
-#     maestro on the same data as CPU tensors (benchmarks/allreduce_bench.py);
+#   - 64 MiB allreduce on CUDA tensors at 2 and 4 ranks: maestro, maestro
+#     with whole copies (MAESTRO_STAGING_PIECE=0), gloo, and maestro on the
+#     same data as CPU tensors (benchmarks/allreduce_bench.py);
 #   - benchmarks/train.py --device cuda, DDP, 2 ranks: vgg19, resnet50 and
 #     bert-large on maestro and on gloo (samples/s, exposed communication,
 #     losses and final parameters);
@@ -110,9 +111,9 @@ for n in 2 4; do
     --json "$OUT_DIR/allreduce_$DEVICE.jsonl"
 done
 
-STEPS=6
+STEPS=8
 [ $QUICK = 1 ] && STEPS=3
-train() {  # train MODEL: train.py on maestro, then on gloo
+train() {  # train MODEL [BACKEND...]: train.py on each (default: maestro, then gloo)
   local model=$1
   local args=(--model "$model" --steps $STEPS --warmup 2 --compute-steps 2 --checksum --no-progress --device "$DEVICE")
   case $model in
@@ -121,12 +122,19 @@ train() {  # train MODEL: train.py on maestro, then on gloo
   esac
   [ $QUICK = 1 ] && args=(--model "$model" --steps $STEPS --warmup 1 --compute-steps 1 --checksum --no-progress
                           --device "$DEVICE" --batch 2 --image-size 32)
-  for backend in maestro gloo; do
+  shift
+  # maestro-whole: maestro with whole copies (MAESTRO_STAGING_PIECE=0), what
+  # the pipelined copies are measured against.
+  local backends=("$@")
+  [ ${#backends[@]} = 0 ] && backends=(maestro gloo)
+  for backend in "${backends[@]}"; do
+    local env=() name=$backend
+    [ $backend = maestro-whole ] && env=(MAESTRO_STAGING_PIECE=0) && backend=maestro
     # One line per run in train.jsonl: few files to bring back from the machine.
-    step "train.py $model on $backend ($DEVICE)" 70 "$PY" -m torch.distributed.run --nproc-per-node 2 \
+    step "train.py $model on $name ($DEVICE)" 70 env "${env[@]}" "$PY" -m torch.distributed.run --nproc-per-node 2 \
       benchmarks/train.py --backend $backend "${args[@]}" --json "$OUT_DIR/train.json" &&
-      "$PY" -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$OUT_DIR/train.json" \
-        >>"$OUT_DIR/train.jsonl"
+      "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); r['backend'] = sys.argv[2]; print(json.dumps(r))" \
+        "$OUT_DIR/train.json" "$name" >>"$OUT_DIR/train.jsonl"
     rm -f "$OUT_DIR/train.json"
   done
 }
@@ -143,6 +151,7 @@ for n in 4 8 16; do
   cpu_host $n
 done
 [ $QUICK = 1 ] || train bert-large
+train resnet50 maestro-whole
 
 echo "== results in $OUT_DIR" | tee -a "$LOG"
 if [ ${#failed[@]} -gt 0 ]; then

@@ -133,7 +133,10 @@ fi
 # CUDA tensor takes (host stand-ins in registered slabs, copies in and back),
 # so the whole matrix, point to point and the behaviour tests (faults,
 # timeouts, aborts) run through the staging here, under the sanitizers,
-# while the plain stage below runs them on the tensors in place. The three
+# while the plain stage below runs them on the tensors in place; with 64 KiB
+# pieces, every allreduce of 128 KiB and more takes the pipelined copies
+# (pieces taken as the ring needs them, parts copied back as they are final),
+# faults and aborts mid-pipeline included. The three
 # tests about registering the caller's own tensors are the plain stage's
 # (under forced staging no caller tensor is registered).
 stage "Python tests with the extension under -fsanitize=address,undefined, staging forced (MAESTRO_STAGING=force)"
@@ -143,7 +146,7 @@ SAN_EXT=$ROOT/build/sanitize-ext
 LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so.6)" \
   PYTHONPATH="$SAN_EXT/pkg" MAESTRO_EXPECT_EXTENSION="$SAN_EXT/pkg" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  MAESTRO_STAGING=force \
+  MAESTRO_STAGING=force MAESTRO_STAGING_PIECE=64K \
   "$PY" -P -m pytest -q -p no:cacheprovider tests/python/asan_check.py tests/python/test_collectives.py \
   tests/python/test_p2p.py tests/python/test_behaviour.py \
   --durations=10 -k "not temporaries_are_staged and not idle_registrations and not registrations_of_freed"
