@@ -430,6 +430,7 @@ void ProcessGroupMaestro::writeDump() {
   }
 }
 
+#if MAESTRO_ABORT_HOOKS
 void ProcessGroupMaestro::registerAbortHook(int64_t hook_id, ::c10d::AbortHook hook) {
   MAESTRO_CHECK(hook != nullptr, "register_abort_hook: the hook is None");
   std::lock_guard<std::mutex> lock(hooks_mu_);
@@ -440,8 +441,10 @@ void ProcessGroupMaestro::unregisterAbortHook(int64_t hook_id) {
   std::lock_guard<std::mutex> lock(hooks_mu_);
   abort_hooks_.erase(hook_id);
 }
+#endif
 
 void ProcessGroupMaestro::runAbortHooks(const std::string& why) {
+#if MAESTRO_ABORT_HOOKS
   std::map<int64_t, ::c10d::AbortHook> hooks;
   {
     std::lock_guard<std::mutex> lock(hooks_mu_);
@@ -457,6 +460,9 @@ void ProcessGroupMaestro::runAbortHooks(const std::string& why) {
       MAESTRO_WARN("abort hook ", id, " raised: ", e.what());
     }
   }
+#else
+  (void)why;
+#endif
 }
 
 void ProcessGroupMaestro::stopWorker(bool drain) {

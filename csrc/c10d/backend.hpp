@@ -13,6 +13,12 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+// TORCH_VERSION_*: torch 2.14 keeps them in headeronly/, older releases in the C++ API's include.
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
 
 #include <condition_variable>
 #include <deque>
@@ -30,6 +36,15 @@
 #include "collectives/p2p.h"
 #include "multipath/engine.h"
 #include "multipath/registration_cache.h"
+
+#ifndef TORCH_VERSION_MINOR
+#error "maestro: torch's version header defines no TORCH_VERSION_MINOR"
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#define MAESTRO_ABORT_HOOKS 1
+#else
+#define MAESTRO_ABORT_HOOKS 0
+#endif
 
 namespace maestro {
 namespace c10d_glue {
@@ -149,8 +164,12 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // operation fails or times out and leaves the group unusable (on the
   // worker, before that operation's Work completes with the error). Not on
   // shutdown(). A hook that raises is logged and the others still run.
+  // c10d has them since torch 2.14 (the release pinned); built against an
+  // older torch, the group has none (and torch offers no way to add one).
+#if MAESTRO_ABORT_HOOKS
   void registerAbortHook(int64_t hook_id, ::c10d::AbortHook hook) override;
   void unregisterAbortHook(int64_t hook_id) override;
+#endif
   // At the interpreter's exit (maestro_torch registers it with atexit):
   // aborts every group of this process still alive, so its peers get a
   // goodbye on every path -- a script that ends without
@@ -286,7 +305,9 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   void writeDump();                             // MAESTRO_DUMP, at the group's first failure
   FlightRecorder recorder_;
   std::mutex hooks_mu_;
+#if MAESTRO_ABORT_HOOKS
   std::map<int64_t, ::c10d::AbortHook> abort_hooks_;
+#endif
   bool hooks_ran_ = false;
   std::thread worker_;
 };
