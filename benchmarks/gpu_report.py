@@ -64,6 +64,7 @@ def collect(folder: str, seconds: float, date: str | None = None) -> dict:
             "gpu": machine.get("gpu"), "gpus": machine.get("gpus"),
             "allreduce_cuda": _jsonl(os.path.join(folder, "allreduce_cuda.jsonl")),
             "allreduce_cpu_host": _jsonl(os.path.join(folder, "allreduce_cpu_host.jsonl")),
+            "determinism": _jsonl(os.path.join(folder, "determinism.jsonl")),
             "train": train}
     log = os.path.join(folder, "gpu_check.log")
     failed = []
@@ -142,7 +143,7 @@ def section(rec: dict, out: str) -> tuple[str, str]:
                cell(m, "compute_s", "{:.3f}"), same]
         if whole_col:
             row[4:4] = [cell(w, "samples_per_s", "{:.1f}")]
-            row[7:7] = [cell(w, "exposed_comm_s", "{:.3f}")]
+            row[8:8] = [cell(w, "exposed_comm_s", "{:.3f}")]
         trows.append(row)
     if trows:
         full = [r for by in d["train"].values() for r in by.values() if "steps" in r]
@@ -164,6 +165,23 @@ def section(rec: dict, out: str) -> tuple[str, str]:
                            + ["maestro vs gloo", "maestro exposed comm s", "gloo exposed comm s"]
                            + (["maestro, whole copies exposed comm s"] if whole_col else [])
                            + ["compute alone s", "same losses and parameters"], trows))
+    runs = {r["run"]: r for r in d.get("determinism", [])}
+    drows = []
+    for a, b, kernels in (("gloo", "gloo-again", "cuDNN's defaults"),
+                          ("maestro-deterministic", "gloo-deterministic", "deterministic (--deterministic)")):
+        if a in runs and b in runs:
+            ra, rb = runs[a], runs[b]
+            drows.append([f"{a.split('-')[0]} vs {b.split('-')[0]}", kernels,
+                          "yes" if ra["losses"] == rb["losses"] else "NO",
+                          "yes" if ra.get("params_sha256") == rb.get("params_sha256") else "NO"])
+    if drows:
+        r0 = next(iter(runs.values()))
+        parts.append(
+            f"Whether two runs can have equal losses on this GPU: {r0['model']}, {r0['world']} ranks x batch "
+            f"{r0['batch']}, {r0['steps']} steps, the same seed and data, run twice on gloo with cuDNN's default "
+            f"kernels (whose backward may sum in any order), then on maestro and on gloo with deterministic "
+            f"kernels (`train.py --deterministic`).\n\n"
+            + report.table(["runs", "kernels", "same losses", "same final parameters"], drows))
     hrows = []
     for r in d["allreduce_cpu_host"]:
         n, nbytes = r["ranks"], r["bytes"]

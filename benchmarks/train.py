@@ -373,6 +373,7 @@ def run(args, group=None) -> dict:
     dist.all_gather_object(everyone, mine, group=group)
     result = {"model": args.model, "parameters": trainer.parameters, "mode": cfg.mode, "backend": args.backend,
               "world": world, "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "seed": args.seed,
+              "deterministic": args.deterministic,
               "torch": torch.__version__}
     result["input"] = f"{args.image_size}x{args.image_size}" if is_image_model(args.model) else f"seq {args.seq_len}"
     if args.backend == "maestro":
@@ -487,6 +488,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--compute-steps", type=int, default=0,
                     help="after training, time this many forward+backward passes without the gradient sync")
     ap.add_argument("--checksum", action="store_true", help="also report a SHA-256 of each rank's final parameters")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="deterministic kernels (torch.use_deterministic_algorithms, cuDNN's deterministic "
+                         "convolutions): on a GPU, cuDNN's default backward may sum in any order, so two runs "
+                         "differ in the last bits whatever the backend")
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (torchrun's default: OMP_NUM_THREADS=1)")
     ap.add_argument("--timeout", type=float, default=600, help="process group timeout, seconds")
     ap.add_argument("--json", metavar="FILE", help="rank 0 writes the result (and per-step losses) here")
@@ -504,6 +509,10 @@ def main(argv=None) -> int:
         ap.error("--seq-len: 1 to 512 (BERT's position embeddings)")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
     timeout = datetime.timedelta(seconds=args.timeout)
     if args.backend == "maestro":
         dist.init_process_group("maestro", pg_options=maestro_options(args), timeout=timeout)

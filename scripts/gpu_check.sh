@@ -20,13 +20,20 @@
 #
 #   scripts/gpu_check.sh                 # on the GPU machine, from the checkout
 #   scripts/gpu_check.sh --quick         # fewer steps and iterations (a rehearsal)
+#   scripts/gpu_check.sh --determinism   # the build and the determinism check alone
 #   MAESTRO_STAGING=force MAESTRO_TEST_DEVICE=cpu scripts/gpu_check.sh --quick
 #                                        # here, without a GPU: CPU tensors through the staging
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-QUICK=0
-[ "${1:-}" = --quick ] && QUICK=1
+QUICK=0 ONLY_DETERMINISM=0
+for arg in "$@"; do
+  case $arg in
+    --quick) QUICK=1 ;;
+    --determinism) ONLY_DETERMINISM=1 ;;
+    *) echo "usage: $0 [--quick] [--determinism]" >&2; exit 2 ;;
+  esac
+done
 OUT_DIR=${OUT:-$ROOT/build/gpu-check}/gpu
 mkdir -p "$OUT_DIR"
 PY=${PYTHON:-}
@@ -94,6 +101,38 @@ if [ "${MAESTRO_SKIP_BUILD:-0}" != 1 ]; then
 fi
 step "import" 60 "$PY" -c "import maestro_torch, torch; print('has_cuda', maestro_torch._C.has_cuda, 'gpu', torch.cuda.is_available())"
 
+DEVICE=${MAESTRO_TEST_DEVICE:-cuda}
+# Whether equal losses can be asked of two backends on this GPU: vgg19 twice
+# on gloo with cuDNN's default kernels (whose backward may sum in any order),
+# then on maestro and on gloo with deterministic kernels (train.py
+# --deterministic); losses and parameters of each run in determinism.jsonl.
+determinism() {
+  local args=(--model vgg19 --steps 3 --warmup 1 --checksum --no-progress --device "$DEVICE" --batch 16)
+  [ $QUICK = 1 ] && args=(--model vgg19 --steps 3 --warmup 1 --checksum --no-progress --device "$DEVICE"
+                          --batch 2 --image-size 32)
+  local run backend extra
+  for run in gloo gloo-again maestro-deterministic gloo-deterministic; do
+    backend=${run%%-*} extra=()
+    case $run in *-deterministic) extra=(--deterministic) ;; esac
+    step "determinism: vgg19 on $run" 60 env CUBLAS_WORKSPACE_CONFIG=:4096:8 "$PY" -m torch.distributed.run \
+      --nproc-per-node 2 benchmarks/train.py --backend $backend "${args[@]}" "${extra[@]}" \
+      --json "$OUT_DIR/train.json" &&
+      "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); r['run'] = sys.argv[2]; print(json.dumps(r))" \
+        "$OUT_DIR/train.json" "$run" >>"$OUT_DIR/determinism.jsonl"
+    rm -f "$OUT_DIR/train.json"
+  done
+}
+finish() {
+  echo "== results in $OUT_DIR" | tee -a "$LOG"
+  if [ ${#failed[@]} -gt 0 ]; then
+    printf '== FAILED: %s\n' "${failed[@]}" | tee -a "$LOG"
+    exit 1
+  fi
+  echo "== all steps passed" | tee -a "$LOG"
+  exit 0
+}
+[ $ONLY_DETERMINISM = 1 ] && { determinism; finish; }
+
 export MAESTRO_REQUIRE_GPU=${MAESTRO_REQUIRE_GPU:-1}
 # test_staging.py (CPU tensors through the staging) runs in every CI run;
 # here it is the rehearsal's stand-in for the GPU tests.
@@ -102,7 +141,6 @@ tests=(tests/python/test_cuda.py)
 step "CUDA tests (MAESTRO_REQUIRE_GPU=$MAESTRO_REQUIRE_GPU)" 200 \
   "$PY" -m pytest -q -p no:cacheprovider -rs "${tests[@]}" --junitxml "$OUT_DIR/tests.xml"
 
-DEVICE=${MAESTRO_TEST_DEVICE:-cuda}
 ITERS=4 ROUNDS=3
 [ $QUICK = 1 ] && ITERS=2 ROUNDS=2
 for n in 2 4; do
@@ -152,10 +190,5 @@ for n in 4 8 16; do
 done
 [ $QUICK = 1 ] || train bert-large
 train resnet50 maestro-whole
-
-echo "== results in $OUT_DIR" | tee -a "$LOG"
-if [ ${#failed[@]} -gt 0 ]; then
-  printf '== FAILED: %s\n' "${failed[@]}" | tee -a "$LOG"
-  exit 1
-fi
-echo "== all steps passed" | tee -a "$LOG"
+determinism
+finish
