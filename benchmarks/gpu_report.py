@@ -65,6 +65,9 @@ def collect(folder: str, seconds: float, date: str | None = None) -> dict:
             "allreduce_cuda": _jsonl(os.path.join(folder, "allreduce_cuda.jsonl")),
             "allreduce_cpu_host": _jsonl(os.path.join(folder, "allreduce_cpu_host.jsonl")),
             "determinism": _jsonl(os.path.join(folder, "determinism.jsonl")),
+            # `gpu_check.sh --determinism` run on its own: its machine record beside the main one's.
+            "determinism_machine": (json.load(open(os.path.join(folder, "determinism_machine.json")))
+                                    if os.path.exists(os.path.join(folder, "determinism_machine.json")) else None),
             "train": train}
     log = os.path.join(folder, "gpu_check.log")
     failed = []
@@ -121,6 +124,9 @@ def section(rec: dict, out: str) -> tuple[str, str]:
             + report.table(["ranks", "maestro CUDA busbw GB/s", "maestro CUDA, whole copies", "gloo CUDA busbw GB/s",
                             "maestro CPU busbw GB/s", "maestro vs gloo (CUDA)", "maestro CUDA / CPU",
                             "copy time exposed", "exposed, whole copies", "exact"], rows))
+    runs = {r["run"]: r for r in d.get("determinism", [])}
+    gloo_varies = {r["model"] for r in runs.values()
+                   if "gloo-again" in runs and r["run"] == "gloo" and r["losses"] != runs["gloo-again"]["losses"]}
     trows = []
     whole_col = any("maestro-whole" in by for by in d["train"].values())
     for model, by in sorted(d["train"].items()):
@@ -136,6 +142,8 @@ def section(rec: dict, out: str) -> tuple[str, str]:
                 "losses yes, parameters differ" if m["losses"] == g["losses"] else "NO")
         elif m and g:
             same = "not recorded (from the log)"
+        if same == "NO" and model in gloo_varies:
+            same = "NO, nor do two gloo runs (below)"
         row = [model, f"{m['world']} x {m['batch']} ({m['input']})", cell(m, "samples_per_s", "{:.1f}"),
                cell(g, "samples_per_s", "{:.1f}"),
                f"**{m['samples_per_s'] / g['samples_per_s']:.2f}x**" if g else "-",
@@ -165,7 +173,6 @@ def section(rec: dict, out: str) -> tuple[str, str]:
                            + ["maestro vs gloo", "maestro exposed comm s", "gloo exposed comm s"]
                            + (["maestro, whole copies exposed comm s"] if whole_col else [])
                            + ["compute alone s", "same losses and parameters"], trows))
-    runs = {r["run"]: r for r in d.get("determinism", [])}
     drows = []
     for a, b, kernels in (("gloo", "gloo-again", "cuDNN's defaults"),
                           ("maestro-deterministic", "gloo-deterministic", "deterministic (--deterministic)")):
@@ -180,7 +187,11 @@ def section(rec: dict, out: str) -> tuple[str, str]:
             f"Whether two runs can have equal losses on this GPU: {r0['model']}, {r0['world']} ranks x batch "
             f"{r0['batch']}, {r0['steps']} steps, the same seed and data, run twice on gloo with cuDNN's default "
             f"kernels (whose backward may sum in any order), then on maestro and on gloo with deterministic "
-            f"kernels (`train.py --deterministic`).\n\n"
+            f"kernels (`train.py --deterministic`)"
+            + (f"; run on its own, `scripts/gpu_check.sh --determinism` at maestro "
+               f"{d['determinism_machine']['commit']} (torch {d['determinism_machine']['torch']})"
+               if d.get("determinism_machine") else "")
+            + ".\n\n"
             + report.table(["runs", "kernels", "same losses", "same final parameters"], drows))
     hrows = []
     for r in d["allreduce_cpu_host"]:
