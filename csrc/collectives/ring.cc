@@ -155,8 +155,16 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   // when the message is expected).
   std::vector<uint32_t> deferred;
   bool waits_for_staging = false;  // this step found a message waiting for staged bytes
+  // A copy in that fails (a CUDA error) fails the operation on every rank.
+  auto stagingFailed = [&](const std::exception& e) {
+    ctx.abort(strcat("could not stage its tensor: ", e.what()));
+  };
   auto staged = [&](const Span& span) {
-    if (!plan.staged || plan.staged->ready(span.offset, span.bytes)) return true;
+    try {
+      if (!plan.staged || plan.staged->ready(span.offset, span.bytes)) return true;
+    } catch (const std::exception& e) {
+      stagingFailed(e);
+    }
     waits_for_staging = true;
     return false;
   };
@@ -253,7 +261,12 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
     if (!plan.staged || plan.ag_root >= 0) return;
     if ((isRS(k) && stepOf(k) == rs_steps - 1 && plan.allgather) || !isRS(k)) {
       const Span span = recvSpan(k);
-      if (span.bytes > 0) plan.staged->final(span.offset, span.bytes);
+      if (span.bytes == 0) return;
+      try {
+        plan.staged->final(span.offset, span.bytes);
+      } catch (const std::exception& e) {
+        ctx.abort(strcat("could not copy its result back: ", e.what()));
+      }
     }
   };
   auto step1 = [&]() -> bool {
@@ -344,7 +357,12 @@ void runRing(OpContext& ctx, const RingPlan& plan) {
   auto step = [&]() -> bool {
     for (;;) {
       if (step1()) return true;
-      if (!waits_for_staging || !plan.staged->stageMore()) return false;
+      if (!waits_for_staging) return false;
+      try {
+        if (!plan.staged->stageMore()) return false;
+      } catch (const std::exception& e) {
+        stagingFailed(e);
+      }
     }
   };
   auto waiting = [&]() {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -387,6 +388,63 @@ TEST_P(Collectives, AStagedAllreduceGoesAheadOfItsCopiesAndReportsEachElementFin
         }
       }
     }
+  }
+}
+
+// A copy in that fails mid-pipeline (a CUDA error on a GPU): the rank whose
+// copy failed fails the operation on every rank at once, naming itself and
+// the cause -- with pieces staged and not, and messages in flight -- and
+// the ranks go on to the next operation.
+TEST(StagedAllreduce, ACopyThatFailsMidPipelineFailsEveryRankAtOnce) {
+  struct FailingStager : PieceStager {
+    using PieceStager::PieceStager;
+    bool stageMore() override {
+      if (++calls == 4) throw Error("a copy into the stand-in failed");
+      return PieceStager::stageMore();
+    }
+    int calls = 0;
+  };
+  const int n = 3;
+  World w(n);
+  const uint64_t count = 300000;
+  std::vector<std::vector<float>> caller(n, std::vector<float>(count, 1.0f)), host(n, std::vector<float>(count));
+  std::vector<std::unique_ptr<PieceStager>> stagers;
+  for (int r = 0; r < n; ++r) {
+    auto order = allreduceStagingOrder(count, 4, r, n, 32 << 10);
+    if (r == 1) stagers.push_back(std::make_unique<FailingStager>(host[r], caller[r], order));
+    else stagers.push_back(std::make_unique<PieceStager>(host[r], caller[r], order));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    Window win = registered(e, host[r]);
+    try {
+      allreduce(e, 1, win, count, DType::kFloat32, ReduceOp::kSum, after(60), stagers[r].get());
+    } catch (...) {
+      e.deregisterMemory(win.region);
+      throw;
+    }
+    e.deregisterMemory(win.region);
+  });
+  // A liveness bound (the group timeout is 60 s): the abort reaches every rank at once.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  for (int r = 0; r < n; ++r) {
+    const std::string text = errorText(errors[r]);
+    EXPECT_NE(std::string::npos, text.find("failed on rank 1: could not stage its tensor: a copy into the stand-in "
+                                           "failed"))
+        << "rank " << r << ": " << text;
+  }
+  // The next operation runs.
+  std::vector<std::vector<float>> data(n, std::vector<float>(1000, 2.0f));
+  errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    Window win = registered(e, data[r]);
+    allreduce(e, 2, win, 1000, DType::kFloat32, ReduceOp::kSum, after(60));
+    e.deregisterMemory(win.region);
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ("", errorText(errors[r])) << "rank " << r;
+    ASSERT_EQ(2.0f * n, data[r][999]);
   }
 }
 
