@@ -311,6 +311,7 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
       regCacheBytes(engine_->config(), static_cast<uint64_t>(memlock.rlim_cur)));
   p2p_ = std::make_unique<collectives::PointToPoint>(*engine_);
   staging_mode_ = stagingMode(engine_->config().staging);
+  staging_piece_ = engine_->config().staging_piece;
   transport::Transport* transport = &engine_->transport();
   staging_pool_ = std::make_shared<StagingPool>(
       [transport](void* addr, size_t length) { return transport->registerMemory(addr, length); },
@@ -720,7 +721,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::
     // Only a tensor of two pieces or more: below that, a piece's launch and
     // event would cost more than the overlap gains.
     const at::Tensor& t = tensors[0];
-    const uint64_t piece = engine_->config().staging_piece;
+    const uint64_t piece = staging_piece_;
     if (opts.reduceOp.op_ != ::c10d::ReduceOp::PREMUL_SUM && t.defined() && piece > 0 &&
         static_cast<uint64_t>(t.numel()) * t.element_size() >= 2 * piece)
       host = {st->inoutPipelined(t, collectives::allreduceStagingOrder(static_cast<uint64_t>(t.numel()),

@@ -282,6 +282,7 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   std::atomic<uint32_t> monitored_barriers_{0};  // calls so far: each one's tag  // stopped before the cache and the engine go
   std::shared_ptr<multipath::RegistrationCache> cache_;
   StagingMode staging_mode_;
+  uint64_t staging_piece_ = 0;  // MAESTRO_STAGING_PIECE (read at construction: the engine goes at shutdown)
   std::shared_ptr<StagingPool> staging_pool_;
   std::atomic<std::chrono::milliseconds> timeout_;
   const c10::intrusive_ptr<::c10d::Store> store_;  // where shrink()'s survivors meet

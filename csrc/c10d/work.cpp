@@ -84,12 +84,12 @@ namespace {
 std::vector<at::Tensor> MaestroWork::result() { return outputs_; }
 
 float MaestroWork::getDuration() const {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!completed_)
-      throw Error("maestro: Work._get_duration() is known once the operation has completed (wait() for it first)");
-  }
-  return std::chrono::duration<float, std::milli>(ended_.load() - started_.load()).count();
+  // The end is stamped first thing in complete(), before either future is
+  // completed: a caller woken by one of them sees it (completed_ comes later).
+  const auto ended = ended_.load();
+  if (ended == std::chrono::steady_clock::time_point{})
+    throw Error("maestro: Work._get_duration() is known once the operation has completed (wait() for it first)");
+  return std::chrono::duration<float, std::milli>(ended - started_.load()).count();
 }
 
 void MaestroWork::complete(std::exception_ptr error) {
