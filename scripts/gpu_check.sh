@@ -102,6 +102,21 @@ fi
 step "import" 60 "$PY" -c "import maestro_torch, torch; print('has_cuda', maestro_torch._C.has_cuda, 'gpu', torch.cuda.is_available())"
 
 DEVICE=${MAESTRO_TEST_DEVICE:-cuda}
+# train_once STEP LIMIT JSONL KEY VALUE [VAR=VALUE...] -- TRAIN_ARGS...:
+# benchmarks/train.py on 2 ranks, with those variables set; its JSON, with
+# KEY set to VALUE, becomes one line of JSONL (few files to bring back from
+# the machine).
+train_once() {
+  local name=$1 limit=$2 jsonl=$3 key=$4 value=$5 env=()
+  shift 5
+  while [ "$1" != -- ]; do env+=("$1"); shift; done
+  shift
+  step "$name" "$limit" env "${env[@]}" "$PY" -m torch.distributed.run --nproc-per-node 2 benchmarks/train.py "$@" \
+    --json "$OUT_DIR/train.json" &&
+    "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); r[sys.argv[2]] = sys.argv[3]; print(json.dumps(r))" \
+      "$OUT_DIR/train.json" "$key" "$value" >>"$jsonl"
+  rm -f "$OUT_DIR/train.json"
+}
 # Whether equal losses can be asked of two backends on this GPU: vgg19 twice
 # on gloo with cuDNN's default kernels (whose backward may sum in any order),
 # then on maestro and on gloo with deterministic kernels (train.py
@@ -114,12 +129,8 @@ determinism() {
   for run in gloo gloo-again maestro-deterministic gloo-deterministic; do
     backend=${run%%-*} extra=()
     case $run in *-deterministic) extra=(--deterministic) ;; esac
-    step "determinism: vgg19 on $run" 60 env CUBLAS_WORKSPACE_CONFIG=:4096:8 "$PY" -m torch.distributed.run \
-      --nproc-per-node 2 benchmarks/train.py --backend $backend "${args[@]}" "${extra[@]}" \
-      --json "$OUT_DIR/train.json" &&
-      "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); r['run'] = sys.argv[2]; print(json.dumps(r))" \
-        "$OUT_DIR/train.json" "$run" >>"$OUT_DIR/determinism.jsonl"
-    rm -f "$OUT_DIR/train.json"
+    train_once "determinism: vgg19 on $run" 60 "$OUT_DIR/determinism.jsonl" run "$run" CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+      -- --backend $backend "${args[@]}" "${extra[@]}"
   done
 }
 finish() {
@@ -168,12 +179,8 @@ train() {  # train MODEL [BACKEND...]: train.py on each (default: maestro, then 
   for backend in "${backends[@]}"; do
     local env=() name=$backend
     [ $backend = maestro-whole ] && env=(MAESTRO_STAGING_PIECE=0) && backend=maestro
-    # One line per run in train.jsonl: few files to bring back from the machine.
-    step "train.py $model on $name ($DEVICE)" 70 env "${env[@]}" "$PY" -m torch.distributed.run --nproc-per-node 2 \
-      benchmarks/train.py --backend $backend "${args[@]}" --json "$OUT_DIR/train.json" &&
-      "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); r['backend'] = sys.argv[2]; print(json.dumps(r))" \
-        "$OUT_DIR/train.json" "$name" >>"$OUT_DIR/train.jsonl"
-    rm -f "$OUT_DIR/train.json"
+    train_once "train.py $model on $name ($DEVICE)" 70 "$OUT_DIR/train.jsonl" backend "$name" "${env[@]}" \
+      -- --backend $backend "${args[@]}"
   done
 }
 cpu_host() {  # cpu_host N: the 64 MiB CPU allreduce on N ranks

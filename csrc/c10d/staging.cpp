@@ -148,6 +148,8 @@ class OpStaging::Pipeline : public collectives::StagedBuffer {
     final_bytes_ += bytes;
   }
 
+  // Its first piece in op_.in_ (the entries before it are copied whole).
+  size_t first() const { return first_; }
   // Whether every byte was reported final (and copied back).
   bool complete() const { return final_bytes_ == static_cast<uint64_t>(caller_.numel()); }
   // The whole tensor back, where the operation did not report it (a group of one).
@@ -279,14 +281,9 @@ OpStaging::OpStaging(StagingPool& pool, StagingMode mode, std::optional<at::Devi
 OpStaging::~OpStaging() { finish(); }
 
 at::Tensor OpStaging::inoutPipelined(const at::Tensor& t, const std::vector<collectives::Span>& order) {
+  if (!t.defined() || !t.is_contiguous() || order.size() < 2 || pipeline_) return inout(t);
   at::Tensor host = map(t, false, false);
-  if (host.is_same(t) || host.numel() == 0 || !t.is_contiguous() || order.size() < 2 || pipeline_) {
-    if (!host.is_same(t) && host.numel() > 0) {
-      in_.emplace_back(host, t);
-      out_.emplace_back(t, host);
-    }
-    return host;
-  }
+  if (host.is_same(t) || host.numel() == 0) return host;  // not staged, or nothing to move
   const at::Tensor caller = bytesOf(t), staged = bytesOf(host);
   const size_t first = in_.size();
   for (const auto& p : order) {
@@ -294,7 +291,6 @@ at::Tensor OpStaging::inoutPipelined(const at::Tensor& t, const std::vector<coll
     in_.emplace_back(staged.narrow(0, off, len), caller.narrow(0, off, len));
   }
   pipeline_ = std::make_unique<Pipeline>(*this, t, host, first, order);
-  pipeline_first_ = first;
   pool_.notePipelined(order.size());
   return host;
 }
@@ -362,13 +358,8 @@ void OpStaging::called() {
 }
 
 void OpStaging::copyIn() {
-  if (!copies_) return;
-  if (!pipeline_) {
-    copies_->toHost(in_);
-    return;
-  }
   // The pipelined tensor's pieces are taken by the operation as they land.
-  for (size_t i = copies_->staged(in_, 0); i < pipeline_first_; ++i) copies_->stageOne(in_, i);
+  if (copies_) copies_->toHost(in_, pipeline_ ? pipeline_->first() : in_.size());
 }
 
 void OpStaging::copyOut() {

@@ -40,7 +40,9 @@
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -79,9 +81,11 @@ class CopyEngine {
   // On the worker: copy i is complete when it returns (a host copy is made
   // here; the copies before it are complete already).
   virtual void stageOne(const Copies& copies, size_t i) = 0;
-  // On the worker: every copy into the host stand-ins is complete when it returns.
-  void toHost(const Copies& copies) {
-    for (size_t i = staged(copies, 0); i < copies.size(); ++i) stageOne(copies, i);
+  // On the worker: the copies into the host stand-ins before `end` (all by
+  // default) are complete when it returns.
+  void toHost(const Copies& copies, size_t end = SIZE_MAX) {
+    end = std::min(end, copies.size());
+    for (size_t i = staged(copies, 0); i < end; ++i) stageOne(copies, i);
   }
   // Copies back into the caller's tensors; does not wait for them.
   virtual void toCaller(const Copies& copies) = 0;
@@ -205,7 +209,6 @@ class OpStaging {
   std::vector<std::shared_ptr<StagingPool::Slab>> slabs_;
   CopyEngine::Copies in_, out_;  // (host, caller), (caller, host)
   std::unique_ptr<Pipeline> pipeline_;
-  size_t pipeline_first_ = 0;  // its first piece in in_ (the entries before it are copied whole)
   bool finished_ = false;
 };
 
