@@ -114,6 +114,17 @@ void setAutoOrNumber(T& field, const std::string& text, Parse parse) {
   field = trim(text) == "auto" ? T{0} : static_cast<T>(parse(text));
 }
 
+// A chunk size knob: "auto", or bytes (K/M suffixes), a multiple of 64
+// between 4 KiB and 64 MiB.
+void setChunkBytes(size_t& field, const char* env, const std::string& text) {
+  setAutoOrNumber(field, text, [env](const std::string& v) {
+    size_t s = parseSize(env, v);
+    MAESTRO_CHECK(s >= 4096 && s <= (64u << 20) && s % 64 == 0, env, "=", s,
+                  " must be a multiple of 64 between 4096 and 64M");
+    return s;
+  });
+}
+
 std::vector<Knob> buildKnobs() {
   return {
       {"debug", "MAESTRO_DEBUG", "WARN", "log level: NONE, WARN, INFO (knobs, path table, stats), TRACE",
@@ -149,14 +160,13 @@ std::vector<Knob> buildKnobs() {
        "bytes per chunk, the unit spread over paths (K/M suffixes; multiple of 64); auto: 50K on verbs, "
        "256K on tcp",
        true, [](const Config& c) { return autoOrNumber(c.chunk_size); },
-       [](Config& c, const std::string& v) {
-         setAutoOrNumber(c.chunk_size, v, [](const std::string& v) {
-           size_t s = parseSize("MAESTRO_CHUNK_SIZE", v);
-           MAESTRO_CHECK(s >= 4096 && s <= (64u << 20) && s % 64 == 0, "MAESTRO_CHUNK_SIZE=", s,
-                         " must be a multiple of 64 between 4096 and 64M");
-           return s;
-         });
-       }},
+       [](Config& c, const std::string& v) { setChunkBytes(c.chunk_size, "MAESTRO_CHUNK_SIZE", v); }},
+      {"min_chunk_size", "MAESTRO_MIN_CHUNK_SIZE", "auto",
+       "smallest chunk of a mid-size message: a message to a rank on another host shorter than one chunk per "
+       "path is cut into one chunk per path, none smaller than this, so it still uses every path (K/M suffixes; "
+       "multiple of 64); auto: 64K on tcp, the chunk size (off) on verbs; at least the chunk size: off",
+       true, [](const Config& c) { return autoOrNumber(c.min_chunk_size); },
+       [](Config& c, const std::string& v) { setChunkBytes(c.min_chunk_size, "MAESTRO_MIN_CHUNK_SIZE", v); }},
       {"policy", "MAESTRO_POLICY", "adaptive",
        "load balancer: round_robin, weighted, adaptive, latency, single", true,
        [](const Config& c) { return std::string(policyName(c.policy)); },
@@ -234,10 +244,20 @@ std::vector<Knob> buildKnobs() {
        [](const Config& c) { return std::string(c.busy_poll ? "1" : "0"); },
        [](Config& c, const std::string& v) { c.busy_poll = parseBool("MAESTRO_BUSY_POLL", v); }},
       {"path_timeout", "MAESTRO_PATH_TIMEOUT", "2",
-       "seconds a path may hold chunks without progress before it is declared down (an idle path: twice this without an answer to its probe)", false,
+       "the backstop: seconds a path may hold chunks without progress before it is declared down whatever else (a blackholed TCP path is found sooner, from its ACKs; an idle path: twice this without an answer to its probe)", false,
        [](const Config& c) { return strcat(c.path_timeout); },
        [](Config& c, const std::string& v) {
          c.path_timeout = parseSeconds("MAESTRO_PATH_TIMEOUT", v, 0.05, 3600);
+       }},
+      {"peer_timeout", "MAESTRO_PEER_TIMEOUT", "10",
+       "seconds a peer that an operation waits on may answer nothing on any of its paths -- no data, no "
+       "completion, no answer to the probes -- before its operations fail (a stopped process, a hung host, every "
+       "route to it lost); 0: wait for the operation's own timeout", false,
+       [](const Config& c) { return strcat(c.peer_timeout); },
+       [](Config& c, const std::string& v) {
+         c.peer_timeout = parseSeconds("MAESTRO_PEER_TIMEOUT", v, 0, 86400);
+         MAESTRO_CHECK(c.peer_timeout == 0 || c.peer_timeout >= 0.5,
+                       "MAESTRO_PEER_TIMEOUT must be 0 (off) or at least 0.5 s, got '", v, "'");
        }},
       {"connect_timeout", "MAESTRO_CONNECT_TIMEOUT", "5",
        "seconds a path may take to connect (at start-up or on first use); a path that does not starts down and is "
@@ -301,6 +321,28 @@ std::vector<Knob> buildKnobs() {
          if (name != "auto" && name != "kernel") net::checkCongestion(name, "MAESTRO_TCP_CONGESTION");
          c.tcp_congestion = name;
        }},
+      {"port_range", "MAESTRO_PORT_RANGE", "",
+       "tcp: the ports the listeners bind, FIRST-LAST (e.g. 40000-40999), for a firewall to open: each rank "
+       "takes one free port per vNIC, and a subgroup that opens its own paths one more per vNIC; connections "
+       "still leave from ephemeral ports. Empty = the kernel picks (net.ipv4.ip_local_port_range); verbs: "
+       "not used (RoCE's connections travel as UDP to port 4791)",
+       false,
+       [](const Config& c) { return c.port_lo == 0 ? std::string() : strcat(c.port_lo, "-", c.port_hi); },
+       [](Config& c, const std::string& v) {
+         const std::string t = trim(v);
+         if (t.empty()) {
+           c.port_lo = c.port_hi = 0;
+           return;
+         }
+         const size_t dash = t.find('-');
+         MAESTRO_CHECK(dash != std::string::npos, "MAESTRO_PORT_RANGE='", v,
+                       "' is not a range of ports: give FIRST-LAST, e.g. 40000-40999");
+         const int64_t lo = parseInt("MAESTRO_PORT_RANGE", t.substr(0, dash), 1, 65535);
+         const int64_t hi = parseInt("MAESTRO_PORT_RANGE", t.substr(dash + 1), 1, 65535);
+         MAESTRO_CHECK(lo <= hi, "MAESTRO_PORT_RANGE='", v, "': the first port is above the last");
+         c.port_lo = static_cast<uint16_t>(lo);
+         c.port_hi = static_cast<uint16_t>(hi);
+       }},
       {"tcp_single_copy", "MAESTRO_TCP_SINGLE_COPY", "auto",
        "tcp: auto = a peer that proves it is a process of this host, in this network namespace, gets "
        "write payloads by reference and copies them straight from the sender's memory (process_vm_readv: one "
@@ -321,7 +363,8 @@ std::vector<Knob> buildKnobs() {
        [](const Config& c) { return strcat(c.hunt_ratio); },
        [](Config& c, const std::string& v) { c.hunt_ratio = parseFraction("MAESTRO_HUNT_RATIO", v, 0.05, 0.95); }},
       {"hunt_after", "MAESTRO_HUNT_AFTER", "3",
-       "path hunting: seconds of busy time a path must stay slow before it is re-opened", true,
+       "path hunting: seconds of busy time a path must be slow, more than it was fine meanwhile, before it is "
+       "re-opened", true,
        [](const Config& c) { return strcat(c.hunt_after); },
        [](Config& c, const std::string& v) { c.hunt_after = parseSeconds("MAESTRO_HUNT_AFTER", v, 0.1, 3600); }},
       {"hunt_interval", "MAESTRO_HUNT_INTERVAL", "10",
@@ -360,6 +403,10 @@ std::vector<Knob> buildKnobs() {
 }  // namespace
 
 size_t chunkSizeFor(const std::string& transport) { return transport == "verbs" ? 50 * 1024 : 256 * 1024; }
+
+size_t minChunkFor(const std::string& transport, size_t chunk_size) {
+  return transport == "tcp" ? std::min<size_t>(64 * 1024, chunk_size) : chunk_size;
+}
 
 int scratchSlots(const Config& config, int group_size) {
   if (config.scratch_slots > 0) return config.scratch_slots;

@@ -29,6 +29,7 @@ struct Config {
   std::string ifname;                   // take the vNICs from this interface
   int paths = 0;                        // paths per peer; 0 = one per vNIC
   size_t chunk_size = 0;                // bytes per chunk; 0 = auto: chunkSizeFor(transport)
+  size_t min_chunk_size = 0;            // smallest chunk of a mid-size message; 0 = auto: minChunkFor
   Policy policy = Policy::kAdaptive;     // ACK clocking: faster paths carry more
   std::vector<double> weights;          // for policy=weighted (empty: measured)
   int window = 8;                       // chunks in flight per path (paper: 8 WRs)
@@ -38,8 +39,9 @@ struct Config {
   size_t reg_cache_bytes = 0;           // bytes they may cover when idle; 0 = auto (regCacheBytes)
   size_t small_msg = 16 * 1024;         // latency policy: messages up to this size
   bool busy_poll = false;               // spin on the completion queue (verbs) / event loop (tcp)
-  double path_timeout = 2.0;            // seconds without progress before a path is declared down
+  double path_timeout = 2.0;            // the backstop: seconds with chunks and no progress before a path is declared down
   double probe_interval = 0.5;          // seconds between probes of idle / down paths
+  double peer_timeout = 10.0;           // seconds a waited-on peer may answer nothing on every path; 0 = off
   std::string metrics;                  // JSON-lines file of per-path counters ("" = none)
   double metrics_interval = 10.0;       // seconds between two metrics records
   std::string dump;                     // flight-recorder file written when a group fails ("" = none)
@@ -63,6 +65,8 @@ struct Config {
   int candidates = 8;                   // discovery: most candidate connections per wanted path
   std::string tcp_congestion = "auto";  // tcp: auto | kernel | a congestion control (net::chooseCongestion)
   std::string tcp_single_copy = "auto"; // tcp: auto (same-host peers: cross-memory attach) | off
+  // tcp: the listeners' ports, [port_lo, port_hi]; 0, 0 = the kernel picks (ephemeral).
+  uint16_t port_lo = 0, port_hi = 0;
   // Path hunting: a path persistently slower than its siblings is re-opened
   // from a source port that lands on another core route.
   std::string hunt = "auto";            // auto (on where discovery runs) | on | off
@@ -103,6 +107,16 @@ const std::vector<Knob>& knobs();
 // of the allreduce in that overhead, while on the lab every size from
 // 12.5 to 400 KiB reached the same bandwidth).
 size_t chunkSizeFor(const std::string& transport);
+
+// MAESTRO_MIN_CHUNK_SIZE=auto: a message to a rank on another host shorter
+// than one chunk per path is cut into one chunk per path, none smaller than
+// this. On TCP 64 KiB: on the lab (4 ranks, 4 paths) the 1 and 2 MiB
+// allreduces rise from 0.44 and 0.46 of the limit to 0.64 and 0.77
+// (docs/results.md, "Mid-size messages"); in an unrecorded comparison 16 and
+// 32 KiB were not clearly better. Ranks of one host never split (their paths
+// share one memory bus; on loopback splitting cost a third at 1 MiB). On
+// verbs the chunk size (off): not measured on a real NIC.
+size_t minChunkFor(const std::string& transport, size_t chunk_size);
 
 // MAESTRO_SCRATCH_SLOTS=auto: the reduce-scatter writer holds one credit per
 // slot and gets it back from its right neighbour once the slot is reduced.

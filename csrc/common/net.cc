@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -119,6 +120,12 @@ void setNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+void setRtoFloor(int fd) {
+  constexpr int kTcpRtoMinUs = 45;  // TCP_RTO_MIN_US (linux/tcp.h of 6.15 on; older headers lack it)
+  int floor_us = kRtoFloorUs;
+  (void)setsockopt(fd, IPPROTO_TCP, kTcpRtoMinUs, &floor_us, sizeof floor_us);  // EINVAL/ENOPROTOOPT on older kernels
+}
+
 namespace {
 std::string procLine(const char* path) {
   std::ifstream in(path);
@@ -184,6 +191,29 @@ std::string congestionOf(int fd) {
   return std::string(name);
 }
 
+namespace {
+// A TCP socket bound to `addr` (SO_REUSEADDR: a restarted job binds past
+// TIME_WAIT; SO_REUSEPORT if share_port), or -1 with the bind's errno in *err.
+int tryBind(const SockAddr& addr, bool share_port, int* err) {
+  int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (share_port) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  if (::bind(fd, addr.get(), addr.length) == 0) return fd;
+  *err = errno;
+  ::close(fd);
+  return -1;
+}
+
+[[noreturn]] void failBind(const char* purpose, const SockAddr& addr, int err) {
+  fail("cannot ", purpose, " ", addr.str(), ": ", errnoText(err),
+       err == EADDRNOTAVAIL ? " (the address is not assigned to an interface of this host/"
+                              "namespace: check MAESTRO_VNICS / MAESTRO_IFNAME)"
+                            : "");
+}
+}  // namespace
+
 int listenOn(const std::string& ip, uint16_t port, int backlog, bool share_port) {
   SockAddr addr = parseAddress(ip, port);
   int fd = bindTo(addr, "listen on", share_port);
@@ -193,6 +223,36 @@ int listenOn(const std::string& ip, uint16_t port, int backlog, bool share_port)
     fail("listen on ", addr.str(), ": ", errnoText(err));
   }
   return fd;
+}
+
+int listenInRange(const std::string& ip, uint16_t lo, uint16_t hi, int backlog, bool share_port) {
+  MAESTRO_CHECK(lo > 0 && lo <= hi, "listen on ", ip, ": bad port range ", lo, "-", hi);
+  const uint32_t n = static_cast<uint32_t>(hi) - lo + 1;
+  static std::atomic<uint32_t> calls{0};
+  const uint32_t start = (static_cast<uint32_t>(::getpid()) * 2654435761u + calls++ * 7919u) % n;
+  for (uint32_t i = 0; i < n; ++i) {
+    SockAddr addr = parseAddress(ip, static_cast<uint16_t>(lo + (start + i) % n));
+    // Bound without SO_REUSEPORT: the bind fails if any socket holds the
+    // port, a listener of another rank or a route probe included.
+    int err = 0;
+    int fd = tryBind(addr, false, &err);
+    if (fd >= 0 && ::listen(fd, backlog) != 0) {
+      err = errno;
+      ::close(fd);
+      fd = -1;
+    }
+    if (fd < 0) {
+      if (err == EADDRINUSE) continue;
+      failBind("listen on", addr, err);
+    }
+    // Route probes may now send from this port (they set SO_REUSEPORT too).
+    int one = 1;
+    if (share_port) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    return fd;
+  }
+  fail("cannot listen on ", ip, ": every port of MAESTRO_PORT_RANGE=", lo, "-", hi, " (", n,
+       ") is in use on this address; each rank of this host takes one per vNIC, and each subgroup that opens its "
+       "own paths one more: widen the range");
 }
 
 int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline, uint16_t local_port) {
@@ -280,19 +340,9 @@ bool waitReadable(int fd, Deadline deadline) {
 int bindReusable(const SockAddr& addr, const char* purpose) { return bindTo(addr, purpose, true); }
 
 int bindTo(const SockAddr& addr, const char* purpose, bool share_port) {
-  int fd = ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-  MAESTRO_CHECK(fd >= 0, "socket: ", errnoText(errno));
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // a restarted job binds past TIME_WAIT
-  if (share_port) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-  if (::bind(fd, addr.get(), addr.length) != 0) {
-    int err = errno;
-    ::close(fd);
-    fail("cannot ", purpose, " ", addr.str(), ": ", errnoText(err),
-         err == EADDRNOTAVAIL ? " (the address is not assigned to an interface of this host/"
-                                "namespace: check MAESTRO_VNICS / MAESTRO_IFNAME)"
-                              : "");
-  }
+  int err = 0;
+  int fd = tryBind(addr, share_port, &err);
+  if (fd < 0) failBind(purpose, addr, err);
   return fd;
 }
 

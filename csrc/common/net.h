@@ -35,6 +35,12 @@ SockAddr peerAddress(int fd);
 // from the listener's own address and port; off, no other socket can bind
 // that port while it listens.
 int listenOn(const std::string& ip, uint16_t port, int backlog = 128, bool share_port = false);
+// The same on the first free port of [lo, hi], tried from a point that
+// differs between processes (ranks of one host start together). A port is
+// taken only if no other socket holds it -- share_port is set once the
+// socket listens -- so two ranks never share a listening port. Throws
+// naming the range when every port of it is taken.
+int listenInRange(const std::string& ip, uint16_t lo, uint16_t hi, int backlog = 128, bool share_port = false);
 // Connect from local_ip (bind before connect, ephemeral port) to `remote`
 // before the deadline. Throws maestro::Error saying which address failed.
 int connectFrom(const std::string& local_ip, const SockAddr& remote, Deadline deadline, uint16_t local_port = 0);
@@ -74,6 +80,13 @@ void writeFull(int fd, const void* buf, size_t length);
 bool waitReadable(int fd, Deadline deadline);
 
 void setNoDelay(int fd);
+// Lower the socket's floor for its retransmission timeout (TCP_RTO_MIN_US,
+// Linux 6.15 on) to kRtoFloorUs, where the kernel lets a process: a lost
+// tail of a flight is resent within tens of ms, not 200, and a blackholed
+// path shows its first unanswered resend as soon (path_health.h). Older
+// kernels keep their 200 ms; nothing else changes.
+constexpr int kRtoFloorUs = 50000;
+void setRtoFloor(int fd);
 // Set the socket's TCP congestion control (TCP_CONGESTION). Throws
 // maestro::Error naming `knob`, the kernel's reason, and the algorithms the
 // kernel has and allows without CAP_NET_ADMIN.

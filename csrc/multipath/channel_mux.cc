@@ -42,6 +42,7 @@ class ChannelTransport : public transport::Transport {
   transport::PathCounters pathCounters(int peer, int path) const override {
     return t_.pathCounters(at(peer), path);
   }
+  transport::PathDelivery delivery(int peer, int path) const override { return t_.delivery(at(peer), path); }
 
   void postWrite(int peer, int path, const transport::WriteRequest& req) override {
     MAESTRO_CHECK((req.wr_id >> kWrIdChannelShift) == 0, "a write's wr_id has its top byte in use");

@@ -31,7 +31,7 @@ void Engine::installLocked(Peer& p, const PeerPaths& paths) {
   {
     const auto now = Clock::now();
     p.paths.resize(paths.ids.size());
-    p.last_heard = now;
+    p.last_heard = now;  // connected: heard, and no silence to come back from
     for (size_t i = 0; i < paths.ids.size(); ++i) {
       PathSlot& slot = p.paths[i];
       slot.id = paths.ids[i];

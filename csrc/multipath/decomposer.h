@@ -10,10 +10,18 @@
 // collectives derive it from the operation and the step; point-to-point
 // messages use tags the receiver hands out), the chunk index
 // lets the receiver count each chunk exactly once even if a failover sends it
-// twice. Both sides know chunk_size (a group-wide knob) and the message's
-// length, so the receiver derives a chunk's offset and length from its index.
-// A message too long for kMaxChunksPerMessage chunks of chunk_size is cut
-// into that many larger chunks (messageChunkSize) instead.
+// twice. Both sides hold the same Chunking (group-wide knobs and the path
+// count) and know the message's length, so the receiver derives a chunk's
+// offset and length from its index.
+//
+// A message is cut into chunks of chunk_size, except:
+//  - one shorter than `spread` (the paths per peer) such chunks is cut into
+//    `spread` equal chunks (rounded up to 64 bytes) of at least min_chunk
+//    bytes, so a mid-size message still reaches every path: with 256 KiB
+//    chunks a 1 MiB allreduce on 4 ranks would send each ring step as one
+//    chunk, on one path;
+//  - one too long for kMaxChunksPerMessage chunks of chunk_size is cut into
+//    that many larger chunks.
 #pragma once
 
 #include <cstdint>
@@ -44,21 +52,30 @@ constexpr uint32_t kUsedTags = kP2PTagBase + kP2PTags;  // tags in use (< kMaxTa
 static_assert(kUsedTags <= kMaxTags, "point-to-point tags must fit the immediate");
 inline bool isP2PTag(uint32_t tag) { return tag >= kP2PTagBase && tag < kUsedTags; }
 
+struct Chunking {
+  uint64_t chunk_size = 0;  // the chunk of a long message
+  uint64_t min_chunk = 0;   // the smallest chunk a mid-size message is cut into (>= chunk_size: never)
+  uint32_t spread = 1;      // chunks a message is cut into at least, where min_chunk allows
+  Chunking() = default;
+  Chunking(uint64_t chunk_size) : chunk_size(chunk_size), min_chunk(chunk_size) {}  // NOLINT: plain chunk_size
+  Chunking(uint64_t chunk_size, uint64_t min_chunk, uint32_t spread)
+      : chunk_size(chunk_size), min_chunk(min_chunk), spread(spread) {}
+};
+
 struct ChunkSpan {
   uint32_t index = 0;
   uint64_t offset = 0;  // within the message
   uint64_t length = 0;
 };
 
-// The chunk size a message is cut with: chunk_size, or larger where the
-// message would need more than kMaxChunksPerMessage chunks.
-uint64_t messageChunkSize(uint64_t message_bytes, uint64_t chunk_size);
+// The chunk size a message is cut with (see above).
+uint64_t messageChunkSize(uint64_t message_bytes, const Chunking& chunking);
 // Number of chunks of a message (0 for an empty message).
-uint32_t chunkCount(uint64_t message_bytes, uint64_t chunk_size);
+uint32_t chunkCount(uint64_t message_bytes, const Chunking& chunking);
 // The index-th chunk of a message.
-ChunkSpan chunkAt(uint64_t message_bytes, uint64_t chunk_size, uint32_t index);
+ChunkSpan chunkAt(uint64_t message_bytes, const Chunking& chunking, uint32_t index);
 // All chunks, in order.
-std::vector<ChunkSpan> decompose(uint64_t message_bytes, uint64_t chunk_size);
+std::vector<ChunkSpan> decompose(uint64_t message_bytes, const Chunking& chunking);
 
 // The immediate of a chunk, without its channel (the channel's transport
 // adds it on the way out and the mux strips it on the way in).

@@ -1,5 +1,6 @@
 #include "multipath/engine.h"
 #include "multipath/engine_state.h"
+#include "multipath/path_health.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -31,14 +32,7 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, Rendezvous& 
     return;
   }
   mesh_ = qp_->plan(config_, rendezvous_host);
-  // Every rank agreed on the knobs and the transport, so on this too.
-  if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
-  config_.discovery = mesh_.discovery;  // auto, decided
-  hunter_ = Hunter(config_);
-  // Every peer's state exists before the first path opens: completions may
-  // arrive as soon as it does. Its paths are set when its pair connects.
-  p2p_waiting_.assign(size_, 0);
-  for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
+  settle();
   // Every completion passes the mux: subgroups may share these paths.
   mux_ = std::make_shared<ChannelMux>(this);
   qp_->open(mesh_, mux_.get());
@@ -106,6 +100,27 @@ Engine::~Engine() {
   for (auto& kv : buffers_) freeBuffer(kv.second);
 }
 
+void Engine::settle() {
+  // Every rank agreed on the knobs and the transport, so on these too.
+  if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
+  if (config_.min_chunk_size == 0) config_.min_chunk_size = minChunkFor(mesh_.transport_kind, config_.chunk_size);
+  config_.discovery = mesh_.discovery;  // auto, decided
+  // A group on shared paths judges its own traffic on them; a path it finds
+  // slow is re-opened by the group that owns them (monitorPeer).
+  hunter_ = Hunter(config_);
+  // Every peer's state exists before the first path opens: completions may
+  // arrive as soon as it does. Its paths are set when its pair connects.
+  p2p_waiting_.assign(size_, 0);
+  for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_, chunkingFor(i)));
+}
+
+Chunking Engine::chunkingFor(int peer) const {
+  const bool here = peer < static_cast<int>(mesh_.hosts.size()) && rank_ < static_cast<int>(mesh_.hosts.size()) &&
+                    !mesh_.hosts[peer].empty() && mesh_.hosts[peer] == mesh_.hosts[rank_];
+  if (here) return Chunking(config_.chunk_size);
+  return Chunking(config_.chunk_size, config_.min_chunk_size, static_cast<uint32_t>(std::max(1, mesh_.paths)));
+}
+
 std::string Engine::describeSetup() const {
   std::ostringstream os;
   os << "group of " << size_ << " ranks, ";
@@ -114,6 +129,9 @@ std::string Engine::describeSetup() const {
      << " paths per peer, vNICs ";
   for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
   os << " from " << mesh_.vnics.source << ", chunks of " << config_.chunk_size << " bytes";
+  if (config_.min_chunk_size < config_.chunk_size && mesh_.paths > 1)
+    os << " (a message under " << mesh_.paths << " chunks to a rank on another host: one chunk per path, of at "
+       << "least " << config_.min_chunk_size << " bytes)";
   os << ", discovery " << mesh_.discovery << (mesh_.discovery_why.empty() ? "" : " (" + mesh_.discovery_why + ")");
   os << ", path hunting " << (!hunter_.enabled() ? "off" : owner_ ? "on (the parent group re-opens)" : "on");
   if (mesh_.transport_kind == "tcp") os << ", congestion control " << mesh_.congestion_why;
@@ -326,7 +344,7 @@ std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_
   op->src_addr_ = static_cast<const uint8_t*>(src.addr) + src_offset;
   op->dst_ = dst;
   op->dst_offset_ = dst_offset;
-  for (const ChunkSpan& s : decompose(length, config_.chunk_size)) {
+  for (const ChunkSpan& s : decompose(length, peers_[peer]->reassembler.chunking())) {
     ChunkDesc c;
     c.op = op.get();
     c.index = s.index;
@@ -374,7 +392,7 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
     op->outstanding_--;
     auto now = Clock::now();
     if (ok) {
-      p.last_heard = now;
+      p.heard(now);
       slot.bytes_sent += c->length;
       slot.chunks_sent++;
       if (current) {
@@ -519,7 +537,7 @@ void Engine::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {
       slot.chunks_received++;
       slot.last_arrival = Clock::now();
     }
-    p.last_heard = Clock::now();
+    p.heard(Clock::now());
     // Only the current operation's chunks can be legitimate: a peer writes
     // to us only after our descriptor for that operation reached it.
     // Point-to-point messages are not operations: their tags are handed out
@@ -781,7 +799,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         return;
       case ControlType::kPong: {
         std::lock_guard<std::mutex> lock(p.mu);
-        p.last_heard = Clock::now();
+        p.heard(Clock::now());
         int slot_index = slotOf(p, path);
         if (slot_index < 0) return;
         PathSlot& slot = p.paths[slot_index];
@@ -791,9 +809,8 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
           slot.confirmUpTo(slot.ping_sent);
         }
         if (slot.doubted) {
-          slot.doubted = false;  // it answers: the notice was about an older connection
-          MAESTRO_INFO("path ", slot_index, " to rank ", peer, " answers: rank ", peer,
-                       "'s report that it is dead was about an earlier connection");
+          slot.doubted = false;  // it answers: a notice about an older connection, or a delayed ACK
+          MAESTRO_INFO("path ", slot_index, " to rank ", peer, " answers its probe: back in use");
           pumpAll(p);
         }
         break;  // notify(): chunks may have moved
@@ -809,7 +826,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
           // connection, and they move only once it is closed. Otherwise
           // nothing waits on it: verify before believing.
           close = s.inflight > 0 && seconds(Clock::now() - s.last_progress) > kMinDoubtWindow;
-          if (!close) doubt(p, slot_index);
+          if (!close) doubt(p, slot_index, strcat("rank ", peer, " reports path ", slot_index, " dead"));
         }
         if (close) mesh_.transport->closePath(peer, static_cast<int>(h.sub), "the peer found this path dead");
         return;
@@ -889,7 +906,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kP2PDone: {
         {
           std::lock_guard<std::mutex> lock(p.mu);
-          p.last_heard = Clock::now();
+          p.heard(Clock::now());
         }
         bool overflow = false;
         {
@@ -913,7 +930,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kCredit:
       case ControlType::kBarrier: {
         std::lock_guard<std::mutex> lock(p.mu);
-        p.last_heard = Clock::now();
+        p.heard(Clock::now());
         const uint64_t retired = retired_.load();
         if (h.seq <= retired) break;  // a duplicate for a finished operation
         if (h.seq > retired + kMaxOpsAhead || (p.inbox.size() >= kMaxInbox && !p.inbox.count(
@@ -1078,6 +1095,24 @@ void Engine::resendUnconfirmed(Peer& p, PathSlot& slot) {
   }
 }
 
+BusyPath Engine::busyPath(const Peer& p, const PathSlot& s, Clock::time_point now) const {
+  BusyPath b;
+  b.inflight = s.inflight;
+  b.control = static_cast<int>(s.unconfirmed.size());
+  // Held since: the last completion (or the post that made it busy); with
+  // no chunk, its oldest control message not known to have arrived.
+  const Clock::time_point since = std::max(
+      p.back_at, s.inflight > 0 ? s.last_progress : (s.unconfirmed.empty() ? now : s.unconfirmed.front().at));
+  b.stalled = seconds(now - since);
+  b.chunk_bytes = static_cast<double>(config_.chunk_size);
+  b.throughput = s.throughput;
+  b.rtt = s.rtt;
+  b.heard_since = p.last_heard > since && seconds(now - p.last_heard) <= p.lately;
+  b.doubted = s.doubted;
+  b.path_timeout = config_.path_timeout;
+  return b;
+}
+
 double Engine::doubtWindow(const PathSlot& slot) const {
   // A live path answers a probe within a few of its round trips (the probe
   // overtakes queued data, and a doubted path gets no new chunks). Waiting
@@ -1097,11 +1132,11 @@ void Engine::sendPing(int peer, int id) {
   }
 }
 
-void Engine::doubt(Peer& p, int path) {
+void Engine::doubt(Peer& p, int path, const std::string& why) {
   PathSlot& slot = p.paths[path];
   slot.doubted = true;
   slot.doubted_since = Clock::now();
-  MAESTRO_INFO("rank ", p.rank, " reports path ", path, " dead: set aside and probed before it is closed");
+  MAESTRO_INFO(why, ": set aside and probed before it is closed");
   if (!slot.ping_outstanding) {
     slot.ping_outstanding = true;
     slot.ping_sent = slot.doubted_since;
@@ -1134,10 +1169,12 @@ std::vector<PathStats> Engine::pathStats() const {
       PathStats st;
       st.peer = peer;
       st.path = static_cast<int>(i);
-      st.state = !s.up ? "down"
-                 : (s.doubted || (s.inflight > 0 && seconds(Clock::now() - s.last_progress) > config_.path_timeout / 2))
-                     ? "suspect"
-                     : "up";
+      // Suspect: set aside, or holding chunks past the stall that raises suspicion.
+      const bool stalled = s.inflight > 0 && [&] {
+        const BusyPath b = busyPath(p, s, Clock::now());
+        return b.stalled > suspectAfter(b);
+      }();
+      st.state = !s.up ? "down" : (s.doubted || stalled) ? "suspect" : "up";
       st.description = s.description;
       st.last_error = s.last_error;
       st.route = s.route;

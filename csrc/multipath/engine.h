@@ -14,10 +14,13 @@
 //   failover  a chunk flushed by a failed path is re-assigned to a live one;
 //             the receiver counts it once even if both copies land.
 //   monitor   (monitor.cc) per-path throughput, chunk completion time,
-//             probe RTT; a path holding chunks without progress for
-//             path_timeout is closed, and so is an idle one whose probe
-//             stays unanswered for twice that while the peer answers
-//             elsewhere.
+//             probe RTT; a path that holds chunks or control messages
+//             without progress is judged by path_health.h (closed once the
+//             network provably drops its bytes, at path_timeout at the
+//             latest), and an idle one whose probe stays unanswered for
+//             twice path_timeout while the peer answers elsewhere is closed;
+//             a peer that answers nothing on any path for peer_timeout
+//             while an operation waits on it fails (path_health.h).
 //   hunting   (hunting.cc) a path that stays slow against its siblings is
 //             re-opened on another core route.
 //   connections (connections.cc) a pair connects at start-up or on first
@@ -119,6 +122,7 @@ struct PathStats {
 
 class SendOp;
 struct ChunkDesc;
+struct BusyPath;
 
 class RecvOp {
  public:
@@ -293,14 +297,16 @@ class Engine : public ChannelSink {
   int controlPath(const Peer& peer) const;         // peer.mu held
   static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
-  void doubt(Peer& peer, int slot);                                // peer.mu held: the peer says it is dead
+  void doubt(Peer& peer, int slot, const std::string& why);        // peer.mu held: set aside and probed
   void requeue(Peer& peer, PathSlot& slot);  // peer.mu held: what waits on the path moves to its siblings
   double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
   void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
   void monitorLoop();
-  void monitorTick();  // one look at every active peer's paths
-  void monitorPeer(int peer, Clock::time_point now, bool probe);
+  bool monitorTick();  // one look at every active peer's paths; true: chunks are in flight
+  // resumed: this process was stopped since the last look (monitorTick).
+  bool monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed);
+  BusyPath busyPath(const Peer& peer, const PathSlot& slot, Clock::time_point now) const;  // peer.mu held
   void reconnectLoop();
   void reconnectPath(int peer, int transport_path, Clock::time_point until);
   // Path hunting, on the reconnect thread (probes and connects block).
@@ -334,6 +340,14 @@ class Engine : public ChannelSink {
   // the group opens its own.
   bool shareWith(Parent parent, Deadline setup_deadline);
   void joinChannel(Deadline setup_deadline);  // shareWith, once attached: start-up pairs
+  // Once the mesh is known (the transport, the path count, discovery): the
+  // knobs' auto values, the hunter and every peer's state. Both ways of
+  // making an engine (owner, shareWith) end their set-up here.
+  void settle();
+  // How messages to and from `peer` are cut (both sides agree): a peer on
+  // this host and network namespace gets no mid-size spread, since its
+  // paths share one memory bus and smaller chunks only cost more work.
+  Chunking chunkingFor(int peer) const;
   // Shared paths, the owner's side: the pair towards transport peer
   // `peer` as a group on a channel should install it (false: not connected).
   bool pairPaths(int peer, PeerPaths* out);
@@ -408,6 +422,7 @@ class Engine : public ChannelSink {
   std::vector<std::pair<int, int>> down_notices_;  // (peer, transport path) to report, monitor_mu_
   std::thread monitor_;
   Clock::time_point last_probe_ = Clock::now();  // the monitor's last probe round
+  Clock::time_point last_look_{};                // the monitor's last tick
   std::unique_ptr<MetricsFile> metrics_;  // MAESTRO_METRICS: the monitor's thread only, then the destructor
   // Groups on this engine's paths (shared paths): its monitor thread ticks
   // theirs too, so a subgroup costs no monitor thread of its own.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "multipath/engine.h"
+#include "multipath/path_health.h"
 #include "multipath/reassembler.h"
 #include "multipath/scheduler.h"
 
@@ -48,7 +49,8 @@ struct Engine::SentControl {
 
 namespace detail {
 constexpr double kRateSample = 0.004;    // seconds: the shortest busy interval a throughput sample covers
-constexpr double kMinDoubtWindow = 0.25;  // seconds: a floor for scheduling noise on a loaded host
+constexpr double kMinDoubtWindow = 0.5;  // seconds: a floor for scheduling noise on a loaded host, and for TCP's own recovery
+constexpr double kBusyTick = 0.025;       // seconds between the monitor's looks while chunks are in flight
 // A path with this many control messages unconfirmed is probed: the pong
 // confirms them all (the path is ordered). None is ever dropped: until a
 // probe answers or the path is closed (then they are re-sent elsewhere),
@@ -82,7 +84,7 @@ struct Engine::PathSlot {
   std::string route;
   uint64_t reconnects = 0;
   HuntState hunt;
-  uint64_t tick_bytes = 0;  // bytes_sent at the monitor's last tick
+  uint64_t tick_bytes = 0;  // bytes_sent at the hunter's last look
   std::deque<ChunkDesc*> queue;  // assigned here, not yet posted
   int inflight = 0;
   uint64_t bytes_sent = 0, bytes_received = 0, chunks_sent = 0, chunks_received = 0, errors = 0, resent = 0;
@@ -108,8 +110,11 @@ struct Engine::PathSlot {
 };
 
 struct Engine::Peer {
-  Peer(int rank, const Config& config) : rank(rank), scheduler(makeScheduler(config)), reassembler(config.chunk_size) {}
+  Peer(int rank, const Config& config, const Chunking& chunking)
+      : rank(rank), lately(heardLately(config.probe_interval)), scheduler(makeScheduler(config)),
+        reassembler(chunking) {}
   const int rank;
+  const double lately;  // heardLately(): silence past this is a silence of the peer (or of this process)
   std::mutex mu;
   std::vector<PathSlot> paths;
   // Up, and not in doubt -- unless every up path is in doubt: then the
@@ -139,7 +144,16 @@ struct Engine::Peer {
   bool left = false;  // the peer said goodbye (its group was destroyed)
   std::string error;
   Clock::time_point last_heard{};  // any completion, arrival or message from this peer
-  Clock::time_point last_tick{};   // the monitor's last look at its paths
+  // When it was heard again after a silence longer than `lately`: the peer,
+  // or this process, was stopped. A stall counts from then at the earliest,
+  // or every path stalled across the silence would be closed as blackholed
+  // the moment the first one is heard again. (p.mu held.)
+  Clock::time_point back_at{};
+  void heard(Clock::time_point now) {
+    if (detail::seconds(now - last_heard) > lately) back_at = now;
+    last_heard = now;
+  }
+  Clock::time_point hunt_tick{};   // the hunter's last look at its paths
 };
 
 }  // namespace multipath

@@ -6,8 +6,8 @@
 // one path hashed onto, that path stays slow for as long as the traffic
 // lasts (the adaptive scheduler gives it less, but the pair loses its share
 // of the fabric). The hunter watches every path's throughput against its
-// siblings'; a path that stays below `hunt_ratio` of their median for
-// `hunt_after` seconds of busy time is re-opened from a source port whose
+// siblings'; a path below `hunt_ratio` of their median for `hunt_after`
+// seconds of busy time more than it was above it is re-opened from a source port whose
 // route (probed with discovery's TTL-limited SYNs on that exact 5-tuple)
 // uses a core hop no other path of the peer uses -- or, without discovery,
 // from a fresh port (a blind re-hash, as PLB does). The engine drains the
@@ -31,8 +31,15 @@
 namespace maestro {
 namespace multipath {
 
+// Seconds between the hunter's looks at a peer's paths. The monitor ticks
+// far more often while chunks are in flight (failover needs it); a look
+// that short would see a slow path's one good chunk, or a sibling between
+// two chunks, as a fine interval and restart the slow count, so the hunter
+// keeps its own, slower cadence: each look spans many chunk times.
+constexpr double kHuntTick = 0.5;
+
 struct HuntState {
-  double slow_for = 0;  // busy seconds spent slow, in a row
+  double slow_for = 0;  // busy seconds spent slow, less those spent fine since (never below 0)
   double fine_for = 0;  // busy seconds spent not slow, in a row
   Clock::time_point last{};  // the last re-opening decided
   int streak = 0;            // re-openings without a fine interval between them
@@ -46,7 +53,7 @@ struct HuntState {
 };
 
 struct HuntSample {
-  bool busy = false;      // carried data (or held chunks) since the last tick
+  bool busy = false;      // carried data (or held chunks) since the last look
   bool usable = false;    // up, not in doubt, not being re-opened
   double throughput = 0;  // bytes/s while busy (0: no sample yet)
 };
@@ -56,7 +63,7 @@ class Hunter {
   Hunter() = default;  // disabled
   explicit Hunter(const Config& config);
   bool enabled() const { return enabled_; }
-  // One monitor tick (`dt` seconds since the last) over one peer's paths:
+  // One look (`dt` seconds since the last, about kHuntTick) over one peer's paths:
   // updates `states` and returns the paths to re-open now.
   std::vector<int> tick(const std::vector<HuntSample>& paths, std::vector<HuntState>& states, double dt,
                         Clock::time_point now) const;

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/thread.h"
 #include "multipath/engine_state.h"
+#include "multipath/path_health.h"
 
 namespace maestro {
 namespace multipath {
@@ -20,21 +21,27 @@ using namespace detail;
 
 void Engine::monitorLoop() {
   setLogRank(rank_);
-  const auto tick = std::chrono::duration<double>(std::min(config_.probe_interval, config_.path_timeout / 4));
+  // While chunks are in flight the monitor looks often enough to close a
+  // dead path within a few of its chunk times (path_health.h); idle, at
+  // the probe's cadence.
+  const double idle_tick = std::min(config_.probe_interval, config_.path_timeout / 4);
+  const double busy_tick = std::min(idle_tick, kBusyTick);
+  bool busy = false;
   while (!stopping_) {
     {
       std::unique_lock<std::mutex> lock(monitor_mu_);
-      monitor_cv_.wait_for(lock, tick, [&] { return stopping_.load() || !down_notices_.empty(); });
+      monitor_cv_.wait_for(lock, std::chrono::duration<double>(busy ? busy_tick : idle_tick),
+                           [&] { return stopping_.load() || !down_notices_.empty(); });
     }
     if (stopping_) break;
-    monitorTick();
+    busy = monitorTick();
     // The groups on these paths, on the same thread and tick.
     std::lock_guard<std::mutex> lock(channels_mu_);
-    for (Engine* channel : channels_) channel->monitorTick();
+    for (Engine* channel : channels_) busy = channel->monitorTick() || busy;
   }
 }
 
-void Engine::monitorTick() {
+bool Engine::monitorTick() {
   std::vector<std::pair<int, int>> notices;
   {
     std::lock_guard<std::mutex> lock(monitor_mu_);
@@ -54,26 +61,48 @@ void Engine::monitorTick() {
   }
   bool probe = seconds(now - last_probe_) >= config_.probe_interval;
   if (probe) last_probe_ = now;
+  // A gap between two looks far beyond the tick: this process was stopped
+  // (SIGSTOP, swapped out). What it did not hear meanwhile was its own
+  // silence, not its peers': their stalls and waits count from now.
+  const bool resumed = last_look_ != Clock::time_point{} && seconds(now - last_look_) > heardLately(config_.probe_interval);
+  last_look_ = now;
+  bool busy = false;
   for (int peer : activePeers()) {
     try {
-      monitorPeer(peer, now, probe);
+      busy = monitorPeer(peer, now, probe, resumed) || busy;
     } catch (const std::exception& e) {
       // The monitor must outlive any surprise: log it and go on.
       MAESTRO_WARN("path monitor, rank ", peer, ": ", e.what());
     }
   }
+  return busy;
 }
 
-void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
+bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed) {
   Peer& p = *peers_[peer];
   std::vector<std::pair<int, std::string>> to_close;  // transport ids
   std::vector<int> to_ping, to_reconnect, to_hunt;
+  struct Judged {
+    int slot, id;
+    BusyPath path;
+  };
+  std::vector<Judged> to_judge;
+  bool hear = false;  // a path stalled while the peer has not been heard since
+  bool busy_paths = false;
+  auto ping = [&](PathSlot& s) {  // peer.mu held; sent once the lock is released
+    s.ping_outstanding = true;
+    s.ping_sent = now;
+    to_ping.push_back(s.id);
+  };
   {
     std::lock_guard<std::mutex> lock(p.mu);
-    const double dt = p.last_tick == Clock::time_point{} ? 0 : seconds(now - p.last_tick);
-    p.last_tick = now;
-    // Path hunting: which paths stay slow against their siblings.
-    if (hunter_.enabled() && !p.unreachable && !p.left) {
+    if (resumed) p.back_at = now;
+    // Path hunting: which paths stay slow against their siblings (at the
+    // hunter's own cadence, kHuntTick).
+    const bool first = p.hunt_tick == Clock::time_point{};
+    if (hunter_.enabled() && !p.unreachable && !p.left && (first || seconds(now - p.hunt_tick) >= kHuntTick)) {
+      const double dt = first ? 0 : seconds(now - p.hunt_tick);
+      p.hunt_tick = now;
       std::vector<HuntSample> samples(p.paths.size());
       std::vector<HuntState> states(p.paths.size());
       for (size_t i = 0; i < p.paths.size(); ++i) {
@@ -105,15 +134,26 @@ void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
         if (probe && s.initiated && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
         continue;
       }
-      // A path that holds chunks and completes none for path_timeout,
-      // while the peer has been heard from (elsewhere) since it stalled, is
-      // blackholed: close it, its chunks move. (A peer silent on every path
-      // is slow or gone; the operation's timeout covers that.)
-      if (s.inflight > 0 && seconds(now - s.last_progress) > config_.path_timeout && p.last_heard > s.last_progress)
-        to_close.emplace_back(s.id, strcat("no progress for ", config_.path_timeout, " s with ", s.inflight,
-                                           " chunks in flight (blackholed path?)"));
-      else if (s.doubted && seconds(now - s.doubted_since) > doubtWindow(s))
-        to_close.emplace_back(s.id, strcat("rank ", peer, " found it dead, and it has not answered a probe for ",
+      // A path that holds chunks or control messages without progress,
+      // while the peer has been heard from (elsewhere) since and lately, is judged by
+      // path_health.h: closed once the network below shows its bytes are
+      // not acknowledged (asked outside this lock), or, where it cannot
+      // tell, set aside and probed; and at path_timeout whatever else.
+      Verdict busy;
+      if (s.inflight > 0 || !s.unconfirmed.empty()) {
+        busy_paths = true;
+        const BusyPath b = busyPath(p, s, now);
+        busy = judgeBusyPath(b);
+        if (busy.health != Health::kDead && worthAsking(b)) to_judge.push_back({static_cast<int>(i), s.id, b});
+        else if (b.stalled > kStallFloor && !b.heard_since) hear = true;
+      }
+      if (busy.health == Health::kDead)
+        to_close.emplace_back(s.id, busy.why);
+      // (Its probe counts as unanswered only while the peer answers
+      // elsewhere: a peer silent everywhere is judgePeer()'s.)
+      else if (s.doubted && seconds(now - std::max(s.doubted_since, p.back_at)) > doubtWindow(s) &&
+               p.last_heard > s.doubted_since)
+        to_close.emplace_back(s.id, strcat("it was set aside as dead and has not answered a probe for ",
                                            doubtWindow(s), " s"));
       // An idle path has no chunks to stall, so only its probe tells: one
       // unanswered for twice path_timeout, while nothing else came through
@@ -121,22 +161,59 @@ void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
       // peer was heard elsewhere since, is dead. Left up, it would keep the
       // control messages that went on it before it died unconfirmed, and
       // so never re-sent, and the scheduler would count on it.
-      else if (s.ping_outstanding && seconds(now - s.ping_sent) > 2 * config_.path_timeout &&
+      else if (s.ping_outstanding && seconds(now - std::max(s.ping_sent, p.back_at)) > 2 * config_.path_timeout &&
                s.last_progress < s.ping_sent && s.last_arrival < s.ping_sent && p.last_heard > s.ping_sent)
         to_close.emplace_back(s.id, strcat("its probe has had no answer for ", 2 * config_.path_timeout,
                                            " s while rank ", peer, " answers on other paths"));
-      if (probe && !s.ping_outstanding) {
-        s.ping_outstanding = true;
-        s.ping_sent = now;
-        to_ping.push_back(s.id);
-      }
+      if (probe && !s.ping_outstanding) ping(s);
     }
+    // A peer silent on every path has no path heard elsewhere to judge the
+    // others by: judgePeer() fails it once its probes have gone unanswered
+    // for peer_timeout while an operation waits on it, and every path to it
+    // is closed, so that the peer too learns, should it wake.
+    PeerSilence quiet;
+    quiet.waited_on = busy_paths || !p.sending.empty() || !p.receiving.empty();
+    quiet.peer_timeout = config_.peer_timeout;
+    // Asked since: the oldest probe still unanswered, or the last word from
+    // the peer if that came after it (a probe sent earlier may wait behind
+    // the peer's data; no second one goes on a path while one is out).
+    for (const PathSlot& s : p.paths) {
+      if (!s.up) continue;
+      quiet.paths++;
+      if (s.ping_outstanding)
+        quiet.asked = std::max(quiet.asked, seconds(now - std::max({s.ping_sent, p.last_heard, p.back_at})));
+    }
+    const Verdict silent = p.unreachable || p.left ? Verdict{} : judgePeer(quiet);
+    if (silent.health == Health::kDead) {
+      const std::string why = strcat("rank ", peer, " ", silent.why);
+      markUnreachable(p, why);
+      to_close.clear();
+      to_judge.clear();
+      for (const PathSlot& s : p.paths)
+        if (s.up) to_close.emplace_back(s.id, why);
+    }
+    // A stalled path is judged only once the peer is heard elsewhere: ask
+    // the other paths now, not at the next probe.
+    if (hear)
+      for (PathSlot& s : p.paths)
+        if (s.up && s.inflight == 0 && !s.ping_outstanding) ping(s);
     // Shared chunks wait only for completions and path events, which a
     // stalled path no longer brings: a chunk the tail rule left queued for a
     // path that has since stalled would wait for that path's timeout. Offer
     // it again every tick; the scheduler stops counting on a stalled path
     // after max(50 ms, 4 x its drain time).
     if (!p.shared.empty() && !p.unreachable) pumpAll(p);
+  }
+  // The stalled paths, with what the network acknowledged of their bytes.
+  for (Judged& j : to_judge) {
+    j.path.delivery = mesh_.transport->delivery(peer, j.id);
+    const Verdict v = judgeBusyPath(j.path);
+    if (v.health == Health::kFine) continue;
+    std::lock_guard<std::mutex> lock(p.mu);
+    PathSlot& s = p.paths[j.slot];
+    if (s.id != j.id || !s.up || busyPath(p, s, now).stalled < j.path.stalled) continue;  // it moved on meanwhile
+    if (v.health == Health::kDead) to_close.emplace_back(j.id, v.why);
+    else if (!s.doubted) doubt(p, j.slot, strcat("path ", j.slot, " to rank ", peer, ": ", v.why));
   }
   for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
   for (int id : to_ping) sendPing(peer, id);
@@ -149,6 +226,7 @@ void Engine::monitorPeer(int peer, Clock::time_point now, bool probe) {
     for (int id : to_reconnect) reconnect_wanted_.insert({peer, id});
     reconnect_cv_.notify_all();
   }
+  return busy_paths;
 }
 
 void Engine::reconnectLoop() {

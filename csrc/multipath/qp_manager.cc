@@ -143,6 +143,7 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     std::vector<std::string> hosts = allGather("host", net::hostIdentity());
     bool one_host = true;
     for (const auto& h : hosts) one_host = one_host && h == hosts[rank_];
+    mesh.hosts = hosts;
 
     mesh.vnics = chooseVnics(config, one_host, rendezvous_host);
     std::string mine;
@@ -164,6 +165,8 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     options.busy_poll = config.busy_poll;
     options.tcp_congestion = net::chooseCongestion(config.tcp_congestion, &mesh.congestion_why);
     options.single_copy = config.tcp_single_copy == "auto";
+    options.port_lo = config.port_lo;
+    options.port_hi = config.port_hi;
     std::string secret_hex;
     if (rank_ == 0) {
       for (size_t i = 0; i < options.secret.size(); i += 8) {

@@ -41,6 +41,7 @@ struct Mesh {
   std::string congestion_why;    // tcp: the paths' congestion control and why
   VnicChoice vnics;
   std::vector<std::vector<std::string>> peer_vnics;  // every rank's vNIC addresses
+  std::vector<std::string> hosts;                    // every rank's host and network namespace (net::hostIdentity)
   std::vector<std::vector<std::string>> endpoints;   // every rank's listening endpoints (ip:port)
   int paths = 0;
   std::string discovery;         // off | ttl: MAESTRO_DISCOVERY resolved (auto decided at set-up)

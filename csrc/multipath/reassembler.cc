@@ -5,7 +5,7 @@
 namespace maestro {
 namespace multipath {
 
-Reassembler::Reassembler(uint64_t chunk_size) : chunk_size_(chunk_size) {}
+Reassembler::Reassembler(const Chunking& chunking) : chunking_(chunking) {}
 
 Reassembler::Message& Reassembler::at(uint32_t tag) {
   // Sized on first use: a peer this rank never talks to costs no table.
@@ -28,14 +28,14 @@ std::vector<ChunkSpan> Reassembler::expect(uint32_t tag, uint64_t bytes, std::sh
   MAESTRO_CHECK(!m.expected, "message tag ", tag, " is already expected (collective schedule bug)");
   m.expected = true;
   m.bytes = bytes;
-  m.chunks = chunkCount(bytes, chunk_size_);
+  m.chunks = chunkCount(bytes, chunking_);
   m.hook = std::move(hook);
   std::vector<ChunkSpan> early;
   for (const auto& e : m.early) {
-    ChunkSpan span = chunkAt(bytes, chunk_size_, e.first);
+    ChunkSpan span = chunkAt(bytes, chunking_, e.first);
     MAESTRO_CHECK(e.first < m.chunks && span.length == e.second, "chunk ", e.first, " of message ", tag,
                   " arrived with ", e.second, " bytes, but the message has ", m.chunks, " chunks of ",
-                  chunk_size_, " bytes (MAESTRO_CHUNK_SIZE differs between ranks?)");
+                  messageChunkSize(bytes, chunking_), " bytes (MAESTRO_CHUNK_SIZE differs between ranks?)");
     early.push_back(span);
   }
   m.early.clear();
@@ -60,7 +60,7 @@ Reassembler::Landed Reassembler::land(uint32_t tag, uint32_t chunk, uint64_t len
     m.early.emplace_back(chunk, length);
     return Landed::kEarly;
   }
-  ChunkSpan span = chunkAt(m.bytes, chunk_size_, chunk);
+  ChunkSpan span = chunkAt(m.bytes, chunking_, chunk);
   if (span.length != length) {
     *error = strcat("chunk ", chunk, " of message ", tag, " carried ", length, " bytes, expected ", span.length,
                     " (MAESTRO_CHUNK_SIZE differs between ranks?)");

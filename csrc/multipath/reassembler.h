@@ -30,7 +30,9 @@ class Reassembler {
  public:
   enum class Landed { kNew, kEarly, kDuplicate, kError };
 
-  explicit Reassembler(uint64_t chunk_size);
+  explicit Reassembler(const Chunking& chunking);
+  // How this peer's messages are cut (the sender cuts them the same way).
+  const Chunking& chunking() const { return chunking_; }
 
   // Announce message `tag` of `bytes`. Returns the chunks that landed early
   // (to be run through the hook and reported with processed()). Throws on a
@@ -68,7 +70,7 @@ class Reassembler {
   bool testAndSet(Message& m, uint32_t chunk);
   Message& at(uint32_t tag);
 
-  uint64_t chunk_size_;
+  Chunking chunking_;
   std::vector<Message> messages_;  // indexed by tag; empty until first used
 };
 

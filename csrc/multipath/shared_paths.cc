@@ -107,15 +107,10 @@ bool Engine::shareWith(Parent parent, Deadline setup_deadline) {
   mesh_.congestion_why = root->mesh_.congestion_why;
   mesh_.vnics = root->mesh_.vnics;
   mesh_.paths = root->mesh_.paths;
+  for (int r : ranks_) mesh_.hosts.push_back(r < static_cast<int>(root->mesh_.hosts.size()) ? root->mesh_.hosts[r] : "");
   mesh_.discovery = root->mesh_.discovery;
   mesh_.discovery_why = root->mesh_.discovery_why;
-  if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
-  config_.discovery = mesh_.discovery;
-  // This group's hunter judges its own traffic on the paths; a path it
-  // finds slow is re-opened by the group that owns them (monitorPeer).
-  hunter_ = Hunter(config_);
-  p2p_waiting_.assign(size_, 0);
-  for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_));
+  settle();
   MAESTRO_CHECK(mux_->attach(channel_, this, ranks_), "channel ", channel_,
                 " of the shared paths was taken while this group was set up (groups made concurrently?)");
   try {

@@ -20,6 +20,7 @@ struct TransportOptions {
   bool busy_poll = false;          // spin: verbs on its CQ, tcp in the process's event loop
   std::string tcp_congestion;      // tcp: congestion control of every path ("" = the kernel's default)
   bool share_listen_ports = false; // tcp: SO_REUSEPORT on listeners (route discovery probes from them)
+  uint16_t port_lo = 0, port_hi = 0;  // tcp: the listeners' ports (0, 0: the kernel picks)
   bool single_copy = false;        // tcp: payloads between processes of one host by cross-memory attach
 };
 

@@ -127,6 +127,20 @@ struct PathCounters {
   std::map<std::string, uint64_t> counters;  // name -> count since the connection opened
 };
 
+// What the network has acknowledged of a path's bytes, below the writes the
+// transport completes (TCP: the kernel's ACKs, from TCP_INFO). A path whose
+// bytes have had no acknowledgement for many round trips is dead, whatever
+// the peer's process is doing; one whose bytes are being acknowledged is at
+// most slow.
+struct PathDelivery {
+  bool known = false;          // false: the transport cannot tell (verbs: the adapter retries on its own)
+  uint32_t unacked = 0;        // segments sent and not yet acknowledged
+  double since_ack = 0;        // seconds since the last acknowledgement arrived
+  double rtt = 0;              // smoothed round-trip time, seconds
+  uint32_t timeouts = 0;       // retransmission timeouts in a row whose resends are not acknowledged yet
+  double since_send = 0;       // seconds since the last bytes (new or resent) went out
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -177,6 +191,9 @@ class Transport {
   // (TCP: the kernel's TCP_INFO -- bytes sent and retransmitted -- and the
   // congestion control it runs). Empty where the transport keeps none.
   virtual PathCounters pathCounters(int peer, int path) const { return {}; }
+  // What the network acknowledged of the path's current connection (the
+  // path monitor asks it of a stalled path only). Unknown by default.
+  virtual PathDelivery delivery(int peer, int path) const { return {}; }
   // Re-open a failed path this side initiated, from the same local address
   // and, where possible, the same source port (the same 5-tuple, so ECMP
   // puts it on the same route). False if the peer was not reached in time.

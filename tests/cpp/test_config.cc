@@ -85,6 +85,10 @@ TEST(Config, BadValuesNameTheKnob) {
   EXPECT_NE(std::string::npos, errorOf({{"policy", "fastest"}}).find("MAESTRO_POLICY='fastest' is not one of"));
   EXPECT_NE(std::string::npos, errorOf({{"chunk_size", "-5"}}).find("MAESTRO_CHUNK_SIZE"));
   EXPECT_NE(std::string::npos, errorOf({{"chunk_size", "1000"}}).find("multiple of 64"));
+  EXPECT_NE(std::string::npos, errorOf({{"min_chunk_size", "1000"}}).find("MAESTRO_MIN_CHUNK_SIZE=1000 must be a multiple"));
+  EXPECT_NE(std::string::npos, errorOf({{"min_chunk_size", "128M"}}).find("between 4096 and 64M"));
+  EXPECT_EQ(0u, Config::resolve({{"min_chunk_size", "auto"}}).min_chunk_size);
+  EXPECT_EQ(16384u, Config::resolve({{"min_chunk_size", "16K"}}).min_chunk_size);
   EXPECT_NE(std::string::npos, errorOf({{"paths", "two"}}).find("not an integer"));
   EXPECT_NE(std::string::npos, errorOf({{"vnics", "10.0.0.1,bogus"}}).find("'bogus' is not an IP address"));
   EXPECT_NE(std::string::npos, errorOf({{"transport", "rdma"}}).find("MAESTRO_TRANSPORT"));

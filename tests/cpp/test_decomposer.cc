@@ -1,6 +1,6 @@
 // Decomposer: the chunks of a message cover it exactly once, in order, for
 // many message sizes, chunk sizes and path counts; round robin spreads them
-// evenly over the paths.
+// evenly over the paths; a mid-size message is cut into one chunk per path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -57,6 +57,47 @@ TEST(Decomposer, ImmediateRoundTrips) {
         EXPECT_EQ(chunk, immChunk(imm));
         EXPECT_EQ(encodeImm(tag, chunk), withChannel(imm, 0));
       }
+}
+
+TEST(Decomposer, MidSizeMessagesAreCutIntoOneChunkPerPath) {
+  const uint64_t K = 1024;
+  const Chunking tcp(256 * K, 64 * K, 4);  // the TCP defaults on four paths
+  // A 4-rank ring step of a 1 MiB allreduce: 256 KiB, one chunk per path.
+  EXPECT_EQ(64 * K, messageChunkSize(256 * K, tcp));
+  EXPECT_EQ(4u, chunkCount(256 * K, tcp));
+  EXPECT_EQ(128 * K, messageChunkSize(512 * K, tcp));
+  // Shares round up to 64 bytes: 300,000 bytes give 4 chunks of 75,008 (the last shorter).
+  EXPECT_EQ(75008u, messageChunkSize(300000, tcp));
+  EXPECT_EQ(4u, chunkCount(300000, tcp));
+  // Never below the floor: 128 KiB makes 2 chunks, 64 KiB one, a small message one.
+  EXPECT_EQ(2u, chunkCount(128 * K, tcp));
+  EXPECT_EQ(1u, chunkCount(64 * K, tcp));
+  EXPECT_EQ(1u, chunkCount(100, tcp));
+  // At spread x chunk_size and beyond, chunk_size as before.
+  EXPECT_EQ(256 * K, messageChunkSize(1024 * K, tcp));
+  EXPECT_EQ(256 * K, messageChunkSize(1024 * K + 1, tcp));
+  EXPECT_EQ(256 * K, messageChunkSize(64 * K * K, tcp));
+  // Off: a floor at the chunk size (verbs' auto), or one path.
+  EXPECT_EQ(256 * K, messageChunkSize(256 * K, Chunking(256 * K, 256 * K, 4)));
+  EXPECT_EQ(256 * K, messageChunkSize(256 * K, Chunking(256 * K, 64 * K, 1)));
+  EXPECT_EQ(256 * K, messageChunkSize(256 * K, Chunking(256 * K)));
+  // Every message is covered exactly once, whatever the cut.
+  for (uint32_t spread : {1u, 2u, 3u, 4u, 8u, 64u})
+    for (uint64_t bytes : {1ull, 4095ull, 4097ull, 65537ull, 262143ull, 262145ull, 999999ull, 1048575ull, 4194305ull}) {
+      const Chunking c(256 * K, 16 * K, spread);
+      const uint64_t size = messageChunkSize(bytes, c);
+      ASSERT_GE(size, std::min<uint64_t>(16 * K, 256 * K));
+      ASSERT_LE(size, 256 * K);
+      ASSERT_EQ(0u, size % 64) << bytes << "/" << spread;
+      uint64_t at = 0;
+      for (const auto& span : decompose(bytes, c)) {
+        ASSERT_EQ(at, span.offset);
+        ASSERT_GT(span.length, 0u);
+        at += span.length;
+      }
+      ASSERT_EQ(bytes, at);
+      if (bytes >= spread * 16 * K && bytes < spread * 256 * K) ASSERT_EQ(spread, chunkCount(bytes, c)) << bytes;
+    }
 }
 
 TEST(Decomposer, MessagesBeyondTheChunkLimitGetLargerChunks) {

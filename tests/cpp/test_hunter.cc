@@ -76,16 +76,28 @@ TEST(Hunter, IdleOrUnusablePathsAreNotJudged) {
   EXPECT_TRUE(run(h, s, st, 100).empty());
 }
 
-TEST(Hunter, SlownessMustLastInARow) {
+TEST(Hunter, SlownessMustOutweighFineTime) {
   Hunter h = make();
   std::vector<HuntState> st(2);
   auto slow = rates({25, 5}), fine = rates({25, 25});
   auto start = Clock::now();
-  // 2.5 s slow, then one fine tick, then 2.5 s slow: never 3 s in a row.
-  for (int round = 0; round < 10; ++round) {
-    EXPECT_TRUE(run(h, slow, st, 5, 0.5, start).empty());
-    EXPECT_TRUE(run(h, fine, st, 1, 0.5, start).empty());
+  // Slow as often as fine (1.5 s each, in turn): never 3 s ahead.
+  for (int round = 0; round < 20; ++round) {
+    EXPECT_TRUE(run(h, slow, st, 3, 0.5, start).empty());
+    EXPECT_TRUE(run(h, fine, st, 3, 0.5, start).empty());
   }
+  // Slow five looks in six (a loaded path whose rate swings around the
+  // threshold): 2 s ahead per round, so re-opened in the second round,
+  // where one fine look in a row would have restarted the count for ever.
+  st.assign(2, HuntState{});
+  std::vector<std::pair<int, int>> got;
+  for (int round = 0; round < 3 && got.empty(); ++round) {
+    got = run(h, slow, st, 5, 0.5, start);
+    if (got.empty()) EXPECT_TRUE(run(h, fine, st, 1, 0.5, start).empty());
+    else EXPECT_EQ(1, round);
+  }
+  ASSERT_EQ(1u, got.size());
+  EXPECT_EQ(1, got[0].second);
 }
 
 TEST(Hunter, RepeatedHuntsBackOffAndNeverFlap) {

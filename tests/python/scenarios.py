@@ -108,38 +108,52 @@ def per_call_timeout(rank, world):
     return {"error": err, "seconds": time.time() - start}
 
 
-def frozen_peer(rank, world):
-    """Rank 1 is frozen (SIGSTOP) while allreduces stream: rank 0 must get
-    an error within the timeout and leave the group at once."""
+def frozen_peer(rank, world, thaw_after=None):
+    """Rank 1 is frozen (SIGSTOP) while allreduces stream. Left frozen, rank
+    0 must get an error naming it long before the group's timeout (60 s) and
+    leave the group at once. Thawed after `thaw_after` s (shorter than the
+    peer timeout), the rounds go on and every result is exact."""
     import signal
     import threading
 
-    _init(timeout_s=4)
+    _init(timeout_s=60)
     pids = torch.tensor([os.getpid() if rank == 1 else 0], dtype=torch.int64)
     dist.all_reduce(pids)
-    t = torch.ones(16 * 1024 * 1024)  # 64 MiB a round, rounds back to back
+    t = torch.empty(16 * 1024 * 1024)  # 64 MiB a round, rounds back to back
+    wrong = []
 
     def rounds():
-        for _ in range(2000):
+        for i in range(40 if thaw_after else 2000):  # thawed: about 2-8 s on loopback, the freeze among them
+            t.fill_(rank + i)
             dist.all_reduce(t)
+            if thaw_after and not bool((t == 2 * i + 1).all()):
+                wrong.append(i)
 
     if rank == 1:
-        return {"error": _error_of(rounds)}
+        err = _error_of(rounds)
+        return {"error": err, "wrong": wrong}
     stopped = []
+    thawed = []
 
     def freeze():
         os.kill(int(pids[0]), signal.SIGSTOP)
         stopped.append(time.time())
+        if thaw_after:
+            time.sleep(thaw_after)
+            os.kill(int(pids[0]), signal.SIGCONT)
+            thawed.append(time.time())
 
-    timer = threading.Timer(0.5, freeze)
+    timer = threading.Thread(target=lambda: (time.sleep(0.5), freeze()))
     timer.start()
     err = _error_of(rounds)
     failed_after = time.time() - stopped[0] if stopped else -1.0
+    timer.join()
     start = time.time()
     dist.destroy_process_group()
     destroyed_after = time.time() - start
     os.kill(int(pids[0]), signal.SIGCONT)
-    return {"error": err, "failed_after": failed_after, "destroyed_after": destroyed_after}
+    return {"error": err, "failed_after": failed_after, "destroyed_after": destroyed_after, "wrong": wrong,
+            "frozen_for": thawed[0] - stopped[0] if thawed else None}
 
 
 def stop_while_waiting(rank, world, how):
@@ -316,6 +330,20 @@ def bad_knob(rank, world):
     import maestro_torch  # noqa: F401
 
     return {"error": _error_of(lambda: dist.init_process_group("maestro", timeout=datetime.timedelta(seconds=30)))}
+
+
+def listening_ports(rank, world):
+    """Where this rank's maestro listeners are, [ip, port] each (a group on
+    MAESTRO_PORT_RANGE), and whether an allreduce over its paths is right."""
+    import workers
+
+    _init()
+    t = torch.full((100000,), float(rank + 1))
+    dist.all_reduce(t)
+    listening = [[ip, port] for is_listening, ip, port in workers.tcp_sockets_of_this_process() if is_listening]
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"ok": bool((t == world * (world + 1) / 2).all()), "listening": sorted(listening)}
 
 
 def verbs_without_device(rank, world):

@@ -1,4 +1,5 @@
-"""The docs must match the code: README's knob table is the knob table."""
+"""The docs must match the code: README's knob table is the knob table, every
+variable the docs name exists, and every knob default they quote is the code's."""
 import os
 import re
 
@@ -23,3 +24,44 @@ def test_readme_commands_exist():
     assert "scripts/test.sh --full" in readme
     ci = open(os.path.join(ROOT, ".ci", "run")).read()
     assert re.search(r"^exec bash scripts/test\.sh --full$", ci, re.M), "CI must run the full tier"
+
+
+def _docs():
+    import glob
+
+    return {path: open(path).read() for path in [os.path.join(ROOT, "README.md")] +
+            sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))}
+
+
+# Variables the docs name that are not knobs of the backend: the test and
+# build scripts' own. Each must still be read somewhere in the code.
+NOT_KNOBS = ("MAESTRO_REQUIRE_ALL_SUITES", "MAESTRO_REQUIRE_GPU", "MAESTRO_SANITIZE", "MAESTRO_TEST_DEVICE")
+
+
+def test_every_variable_the_docs_name_exists():
+    knobs = {k["env"] for k in maestro_torch.knobs()}
+    named = {m for text in _docs().values() for m in re.findall(r"MAESTRO_[A-Z0-9_]+", text)}
+    stale = sorted(named - knobs - set(NOT_KNOBS))
+    assert not stale, f"the docs name variables that are neither knobs nor listed in NOT_KNOBS: {stale}"
+    code = open(os.path.join(ROOT, ".ci", "run")).read()
+    for d in ("scripts", "tests", "maestro_torch"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, d)):
+            for f in files:
+                if f.endswith((".py", ".sh")) and f != "test_docs.py":
+                    code += open(os.path.join(dirpath, f), errors="replace").read()
+    unread = [v for v in NOT_KNOBS if v not in code]
+    assert not unread, f"NOT_KNOBS lists variables nothing reads any more: {unread}"
+
+
+def test_defaults_the_docs_quote_are_the_knobs_defaults():
+    # "`MAESTRO_X` (10 s by default ...", "`MAESTRO_X` (0.6)", and a table row
+    # "| `MAESTRO_X` | 2 s |": the number must be the knob's default.
+    defaults = {k["env"]: k["default"] for k in maestro_torch.knobs()}
+    quoted = []
+    for path, text in _docs().items():
+        for env, value in re.findall(r"`(MAESTRO_[A-Z0-9_]+)`(?: \(| \| )(\d+(?:\.\d+)?)(?: s)?(?:\)| by default| \|)", text):
+            quoted.append((os.path.relpath(path, ROOT), env, value))
+    assert len(quoted) >= 8, quoted  # the timeouts table and the hunting paragraph at least
+    wrong = [(p, env, value, defaults.get(env)) for p, env, value in quoted
+             if env not in defaults or float(value) != float(defaults[env])]
+    assert not wrong, f"(doc, knob, quoted default, the code's default): {wrong}"

@@ -163,7 +163,20 @@ def run_case(name: str, rank: int, world: int) -> None:
         run_premul(name, rank, world)
         return
     if kind == "barrier":
+        # A barrier holds every rank until the last has entered: the last
+        # rank enters 0.2 s late, and no rank may leave before it did (one
+        # host, one clock).
+        if rank == world - 1:
+            time.sleep(0.2)
+        entered = time.time()
         dist.barrier()
+        left = time.time()
+        times = torch.zeros(world, dtype=torch.float64)
+        times[rank] = entered
+        dist.all_reduce(times)
+        if left < float(times.max()):
+            raise AssertionError(f"barrier: rank {rank} left at {left:.6f}, before rank {int(times.argmax())} "
+                                 f"entered at {float(times.max()):.6f}")
         return
     if name == "allreduce-noncontiguous":
         xs = [data(r, 600, torch.float32).view(20, 30).t() for r in range(world)]
@@ -334,9 +347,9 @@ def matrix(rank: int, world: int, names: list[str], run=None, keep_going: bool =
     return results
 
 
-def tcp_addresses_of_this_process() -> tuple[set, set]:
-    """(listening, connected) local IPv4 addresses of this process's TCP
-    sockets, from /proc/self/fd and /proc/net/tcp."""
+def tcp_sockets_of_this_process() -> list[tuple[bool, str, int]]:
+    """(listening, local IPv4 address, local port) of each of this process's
+    TCP sockets, from /proc/self/fd and /proc/net/tcp."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -345,16 +358,21 @@ def tcp_addresses_of_this_process() -> tuple[set, set]:
             continue
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
-
-    def ip(hexaddr: str) -> str:
-        return ".".join(str(b) for b in reversed(bytes.fromhex(hexaddr.split(":")[0])))
-    listening, connected = set(), set()
+    out = []
     with open("/proc/net/tcp") as f:
         for line in list(f)[1:]:
             cols = line.split()
             if cols[9] in inodes:
-                (listening if cols[3] == "0A" else connected).add(ip(cols[1]))  # 0A: LISTEN
-    return listening, connected
+                hexip, hexport = cols[1].split(":")
+                out.append((cols[3] == "0A", ".".join(str(b) for b in reversed(bytes.fromhex(hexip))),  # 0A: LISTEN
+                            int(hexport, 16)))
+    return out
+
+
+def tcp_addresses_of_this_process() -> tuple[set, set]:
+    """(listening, connected) local IPv4 addresses of this process's TCP sockets."""
+    socks = tcp_sockets_of_this_process()
+    return {ip for listening, ip, _ in socks if listening}, {ip for listening, ip, _ in socks if not listening}
 
 
 def gloo_devices_allreduce(rank: int, world: int, per_rank: int) -> dict:

@@ -41,6 +41,7 @@ TcpPath::TcpPath(int fd, int peer, int path, std::string description, Completion
       loop_(loop),
       alive_(single_copy ? same_host::newLivenessWord() : nullptr) {
   net::setNoDelay(fd_);
+  net::setRtoFloor(fd_);
   int flags = ::fcntl(fd_, F_GETFL, 0);
   MAESTRO_CHECK(flags >= 0 && ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK) == 0, "cannot make path ", path_,
                 " to rank ", peer_, " non-blocking: ", net::errnoText(errno));
@@ -88,6 +89,21 @@ PathCounters TcpPath::counters() const {
     std::lock_guard<std::mutex> lock(mu_);
     out.counters["single_copy_bytes_sent"] = reference_bytes_;
   }
+  return out;
+}
+
+PathDelivery TcpPath::delivery() const {
+  constexpr uint8_t kTcpEstablished = 1;  // the kernel's TCP_ESTABLISHED (netinet/tcp.h clashes with linux/tcp.h)
+  PathDelivery out;
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 || info.tcpi_state != kTcpEstablished) return out;
+  out.known = true;
+  out.unacked = info.tcpi_unacked;
+  out.since_ack = info.tcpi_last_ack_recv / 1e3;
+  out.rtt = info.tcpi_rtt / 1e6;
+  out.timeouts = info.tcpi_retransmits;  // the socket's unanswered timeouts in a row
+  out.since_send = info.tcpi_last_data_sent / 1e3;
   return out;
 }
 

@@ -65,6 +65,9 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   // TCP_INFO's byte counts of this connection and its congestion control,
   // and the bytes it sent by reference (single copy).
   PathCounters counters() const;
+  // What TCP_INFO says of delivery: unacknowledged segments, time since the
+  // last ACK and the last send, RTT, unanswered retransmission timeouts.
+  PathDelivery delivery() const;
   // The region is being closed while a payload is landing in it (its sender
   // stopped mid-payload): drop the grant and drain the rest. Any thread.
   void revoke(uint32_t region);

@@ -134,7 +134,9 @@ TcpTransport::~TcpTransport() {
 }
 
 std::string TcpTransport::listen(const std::string& local_addr) {
-  int fd = net::listenOn(local_addr, 0, 128, options_.share_listen_ports);
+  int fd = options_.port_lo != 0
+               ? net::listenInRange(local_addr, options_.port_lo, options_.port_hi, 128, options_.share_listen_ports)
+               : net::listenOn(local_addr, 0, 128, options_.share_listen_ports);
   std::string endpoint = net::localAddress(fd).str();
   int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
@@ -451,28 +453,32 @@ std::vector<int> TcpTransport::awaitAcceptedFrom(int peer, const std::vector<int
   return got;
 }
 
-std::shared_ptr<TcpPath> TcpTransport::pathFor(int peer, int path) const {
+std::shared_ptr<TcpPath> TcpTransport::findPath(int peer, int path) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = paths_.find({peer, path});
-  MAESTRO_CHECK(it != paths_.end(), "no path ", path, " to rank ", peer);
-  return it->second;
+  return it == paths_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<TcpPath> TcpTransport::pathFor(int peer, int path) const {
+  std::shared_ptr<TcpPath> p = findPath(peer, path);
+  MAESTRO_CHECK(p, "no path ", path, " to rank ", peer);
+  return p;
 }
 
 std::string TcpTransport::describePath(int peer, int path) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = paths_.find({peer, path});
-  return it == paths_.end() ? std::string("(not connected)") : it->second->description();
+  std::shared_ptr<TcpPath> p = findPath(peer, path);
+  return p ? p->description() : std::string("(not connected)");
 }
 
+// The getsockopt of these two runs outside the transport's lock.
 PathCounters TcpTransport::pathCounters(int peer, int path) const {
-  std::shared_ptr<TcpPath> p;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = paths_.find({peer, path});
-    if (it == paths_.end()) return {};
-    p = it->second;
-  }
-  return p->counters();  // a getsockopt: outside the lock
+  std::shared_ptr<TcpPath> p = findPath(peer, path);
+  return p ? p->counters() : PathCounters{};
+}
+
+PathDelivery TcpTransport::delivery(int peer, int path) const {
+  std::shared_ptr<TcpPath> p = findPath(peer, path);
+  return p ? p->delivery() : PathDelivery{};
 }
 
 void TcpTransport::postWrite(int peer, int path, const WriteRequest& req) { pathFor(peer, path)->postWrite(req); }

@@ -45,6 +45,7 @@ class TcpTransport : public Transport {
   void expectPeers(const std::vector<std::vector<std::string>>& endpoints) override;
   std::string describePath(int peer, int path) const override;
   PathCounters pathCounters(int peer, int path) const override;
+  PathDelivery delivery(int peer, int path) const override;
   bool reconnect(int peer, int path, Deadline deadline) override;
   bool reopen(int peer, int path, uint16_t local_port, Deadline deadline) override;
   uint16_t reservePort(const std::string& local_addr) override;
@@ -66,7 +67,8 @@ class TcpTransport : public Transport {
   // check it, answer, install. Runs on the loop thread.
   void finishHello(const std::shared_ptr<HelloReader>& reader, bool complete, const std::string& why);
   void admit(int fd, const HelloWire& hello);
-  std::shared_ptr<TcpPath> pathFor(int peer, int path) const;
+  std::shared_ptr<TcpPath> pathFor(int peer, int path) const;   // throws if there is none
+  std::shared_ptr<TcpPath> findPath(int peer, int path) const;  // null if there is none
   void install(int peer, int path, int fd, bool accepted);
   // Connect, present the hello, wait for the answer; returns the fd.
   int open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline);

@@ -1,0 +1,79 @@
+#include "multipath/path_health.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace maestro {
+namespace multipath {
+
+double suspectAfter(const BusyPath& p) {
+  // A live path completes its oldest chunk within about one chunk's time at
+  // its own rate once the ones before it are done; eight of those, two
+  // round trips, or the floor, whichever is longest.
+  const double gap = p.throughput > 0 ? p.chunk_bytes / p.throughput : 0;
+  return std::max({kStallFloor, 8 * gap, 2 * p.rtt});
+}
+
+double noAckLimit(const transport::PathDelivery& d) { return std::max(kNoAckFloor, 4 * d.rtt); }
+
+double resendLimit(const transport::PathDelivery& d) { return std::max(kResendFloor, 4 * d.rtt); }
+
+namespace {
+std::string held(const BusyPath& p) {
+  return p.inflight > 0 ? strcat(p.inflight, " chunks") : strcat(p.control, " control messages");
+}
+std::string silence(const BusyPath& p, double silent) {
+  const transport::PathDelivery& d = p.delivery;
+  return strcat("the network has acknowledged none of its bytes for ", static_cast<int>(silent * 1000), " ms (",
+                d.unacked, " segments waiting, RTT ", static_cast<int>(d.rtt * 1e6) / 1000.0, " ms) while it held ",
+                held(p));
+}
+}  // namespace
+
+bool worthAsking(const BusyPath& p) {
+  return (p.inflight > 0 || p.control > 0) && p.heard_since && p.stalled > kStallFloor;
+}
+
+Verdict judgeBusyPath(const BusyPath& p) {
+  if ((p.inflight <= 0 && p.control <= 0) || !p.heard_since) return {};
+  if (p.inflight > 0 && p.stalled > p.path_timeout)
+    return {Health::kDead, strcat("no progress for ", p.path_timeout, " s with ", held(p),
+                                  " in flight (blackholed path?)")};
+  const transport::PathDelivery& d = p.delivery;
+  if (!d.known) {
+    if (p.inflight == 0 || p.stalled <= suspectAfter(p) || p.doubted) return {};
+    return {Health::kSuspect, strcat("it has completed none of its ", held(p), " for ",
+                                     static_cast<int>(p.stalled * 1000), " ms while its peer answers elsewhere")};
+  }
+  // Silent for the limit while it held something: the acknowledgement it
+  // last had may be older than what it holds (an idle path's).
+  const double silent = std::min(p.stalled, d.since_ack);
+  if (d.unacked == 0 || p.stalled <= kStallFloor || silent <= noAckLimit(d)) return {};
+  // TCP's own recovery -- a tail-loss probe, then retransmission timeouts
+  // -- has resent twice, and the last resend too has had no answer for a
+  // few round trips: dead. (A live path on a badly congested link loses a
+  // whole flight, its tail-loss probe and now and then a timeout's resend;
+  // not two in a row, backed off.) Silent past kNoAckDead: dead whatever
+  // TCP did.
+  const bool resends_lost = d.timeouts >= kDeadTimeouts && d.since_send > resendLimit(d);
+  if (resends_lost || silent > kNoAckDead)
+    return {Health::kDead, silence(p, silent) + (resends_lost ? strcat(", ", d.timeouts, " resends unanswered") : "") +
+                               " (blackholed path?)"};
+  // Not yet proven: set aside, so that nothing new waits on it and its
+  // control messages go elsewhere now.
+  if (p.doubted) return {};
+  return {Health::kSuspect, silence(p, silent)};
+}
+
+Verdict judgePeer(const PeerSilence& p) {
+  if (!p.waited_on || p.peer_timeout <= 0 || p.asked <= p.peer_timeout) return {};
+  return {Health::kDead,
+          strcat("has answered nothing on any of its ", p.paths, " paths for ", static_cast<int>(p.asked * 10) / 10.0,
+                 " s while an operation waits on it -- no data, no completion, no answer to a probe (is its process "
+                 "stopped, by SIGSTOP or a debugger, or its host hung or cut off?); MAESTRO_PEER_TIMEOUT=",
+                 p.peer_timeout, " s sets this wait, 0 leaves it to the operation's timeout")};
+}
+
+}  // namespace multipath
+}  // namespace maestro

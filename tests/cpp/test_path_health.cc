@@ -1,0 +1,214 @@
+// The path monitor's verdict on a path with chunks in flight (path_health.h),
+// against reference observations, without a network: a blackholed path is
+// dead within a few of its chunk times, a congested or merely slow one never.
+#include <gtest/gtest.h>
+
+#include "multipath/path_health.h"
+
+namespace maestro {
+namespace multipath {
+namespace {
+
+// A path of the lab: 256 KiB chunks at 25 MB/s (about 10 ms each), 8 in
+// flight, 1 ms RTT, its peer heard elsewhere.
+BusyPath labPath(double stalled) {
+  BusyPath p;
+  p.inflight = 8;
+  p.stalled = stalled;
+  p.chunk_bytes = 256 << 10;
+  p.throughput = 25e6;
+  p.rtt = 0.001;
+  p.heard_since = true;
+  p.path_timeout = 2.0;
+  return p;
+}
+
+// What TCP_INFO says: `unacked` segments out, the last ACK `since_ack` ago;
+// `resent_ago` >= 0: `timeouts` retransmission timeouts in a row fired, the
+// last resend left that long ago, unanswered.
+transport::PathDelivery tcp(uint32_t unacked, double since_ack, double rtt = 0.001, double resent_ago = -1,
+                            uint32_t timeouts = 2) {
+  transport::PathDelivery d;
+  d.known = true;
+  d.unacked = unacked;
+  d.since_ack = since_ack;
+  d.rtt = rtt;
+  d.timeouts = resent_ago >= 0 ? timeouts : 0;
+  d.since_send = resent_ago >= 0 ? resent_ago : 0.001;
+  return d;
+}
+
+TEST(PathHealth, SuspicionFollowsThePathsOwnChunkTimeAboveAFloor) {
+  BusyPath p = labPath(0);
+  EXPECT_DOUBLE_EQ(suspectAfter(p), kStallFloor);  // 8 chunk times = 84 ms < the floor
+  p.throughput = 2.5e6;                               // a tenth of the rate: 8 x 105 ms
+  EXPECT_NEAR(suspectAfter(p), 8 * (256 << 10) / 2.5e6, 1e-9);
+  p = labPath(0);
+  p.rtt = 0.2;  // a long round trip
+  EXPECT_DOUBLE_EQ(suspectAfter(p), 0.4);
+  p = labPath(0);
+  p.throughput = 0;  // not measured yet
+  p.rtt = 0;
+  EXPECT_DOUBLE_EQ(suspectAfter(p), kStallFloor);
+}
+
+TEST(PathHealth, ABlackholedTcpPathIsDeadOnceTCPsOwnResendGoesUnanswered) {
+  // Its bytes have had no ACK for 150 ms with 40 segments out: suspect --
+  // set aside, with the evidence named.
+  BusyPath p = labPath(0.16);
+  p.delivery = tcp(40, 0.15);
+  Verdict v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kSuspect);
+  EXPECT_NE(v.why.find("acknowledged none of its bytes for 150 ms"), std::string::npos) << v.why;
+  EXPECT_NE(v.why.find("40 segments"), std::string::npos) << v.why;
+  // TCP's second retransmission timeout resent 30 ms ago: not yet; 60 ms:
+  // dead, long before path_timeout.
+  p.delivery = tcp(40, 0.15, 0.001, 0.03);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  p.delivery = tcp(40, 0.15, 0.001, 0.06);
+  v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kDead);
+  EXPECT_NE(v.why.find("2 resends unanswered"), std::string::npos) << v.why;
+  // One timeout's resend lost: a congested link does that now and then.
+  p.delivery = tcp(40, 0.15, 0.001, 0.06, 1);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  // Not judged: a stall below the floor, a silence below the limit.
+  p.stalled = 0.09;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p = labPath(0.16);
+  p.delivery = tcp(40, 0.11, 0.001, 0.06);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  // The network's word does not wait for the path's own chunk time: a slow
+  // path (8 chunk times = 0.84 s) is dead as soon.
+  p = labPath(0.16);
+  p.throughput = 2.5e6;
+  EXPECT_TRUE(worthAsking(p));
+  p.delivery = tcp(40, 0.15, 0.001, 0.06);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
+}
+
+TEST(PathHealth, ACongestedPathIsNeverClosedWhileTCPsResendsGetThrough) {
+  // Stalled for 1.5 s (a peer process that does not run), but its kernel
+  // ACKs: only slow.
+  BusyPath p = labPath(1.5);
+  p.delivery = tcp(30, 0.002);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  // Everything it sent was acknowledged; the peer has not taken it yet.
+  p.delivery = tcp(0, 1.4);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  // A whole flight and its tail-loss probe lost on a congested link, 200 ms
+  // without an ACK and no timeout's resend yet: set aside, not closed.
+  p = labPath(0.2);
+  p.delivery = tcp(30, 0.2);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  // A deep queue (RTT 80 ms under load): four RTTs of silence are allowed,
+  // and four for the resend.
+  p = labPath(0.5);
+  p.delivery = tcp(60, 0.3, 0.08);
+  EXPECT_DOUBLE_EQ(noAckLimit(p.delivery), 0.32);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p.delivery.since_ack = 0.33;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  p.delivery = tcp(60, 0.33, 0.08, 0.3);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  p.delivery = tcp(60, 0.33, 0.08, 0.33);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
+  p.stalled = 0.3;  // but not before it has held its chunks that long
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+}
+
+TEST(PathHealth, AnAcknowledgementOlderThanWhatThePathHoldsIsNotSilence) {
+  // An idle path's last ACK is seconds old; a chunk posted 50 ms ago has
+  // not been acknowledged yet: not judged. Held 130 ms without an ACK: suspect.
+  BusyPath p = labPath(0.05);
+  p.delivery = tcp(40, 10.0);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p.stalled = 0.13;
+  Verdict v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kSuspect);
+  EXPECT_NE(v.why.find("for 130 ms"), std::string::npos) << v.why;
+}
+
+TEST(PathHealth, ALoneSegmentUnacknowledgedIsSetAsideFirstAndDeadLater) {
+  // No chunk, a READY not known to have arrived, its segment unacknowledged
+  // for 200 ms: its ACK delayed, lost on a congested link, or a blackhole.
+  // Set aside: what waits on it moves now.
+  BusyPath p = labPath(0.2);
+  p.inflight = 0;
+  p.control = 1;
+  EXPECT_TRUE(worthAsking(p));
+  p.delivery = tcp(1, 0.2);
+  Verdict v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kSuspect);
+  EXPECT_NE(v.why.find("1 control messages"), std::string::npos) << v.why;
+  p.doubted = true;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  // Its resend unanswered, or silent past kNoAckDead: dead.
+  p.delivery = tcp(1, 0.2, 0.001, 0.06);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
+  p.stalled = 1.1;
+  p.delivery = tcp(1, 1.01);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
+  // Acknowledged (the pong that confirms it has not come yet): fine.
+  p.delivery = tcp(0, 1.01);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  // Neither the backstop nor a probe for control messages alone where the
+  // transport cannot tell: the idle path's probe rule covers those.
+  p = labPath(5);
+  p.inflight = 0;
+  p.control = 3;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+}
+
+TEST(PathHealth, APeerSilentEverywhereIsLeftToTheOperationsTimeout) {
+  BusyPath p = labPath(5.0);
+  p.heard_since = false;
+  p.delivery = tcp(40, 5.0);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  EXPECT_FALSE(worthAsking(p));
+  p.inflight = 0;  // and an idle path is not judged here at all
+  p.heard_since = true;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+}
+
+TEST(PathHealth, WithoutAcknowledgementsASuspectIsProbedOnceAndTheBackstopStays) {
+  BusyPath p = labPath(0.2);  // verbs: the transport cannot tell
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  p.throughput = 2.5e6;  // a slow path is suspect only after 8 of its chunk times
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p.stalled = 0.85;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  p = labPath(0.2);
+  p.doubted = true;  // already set aside and probed: the doubt window decides
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p.stalled = 2.01;  // path_timeout, whatever else is known
+  Verdict v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kDead);
+  EXPECT_NE(v.why.find("no progress for 2 s with 8 chunks"), std::string::npos) << v.why;
+  p.delivery = tcp(30, 0.001);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
+}
+
+TEST(PathHealth, APeerSilentOnEveryPathFailsOnlyWhileWaitedOnAndPastItsTimeout) {
+  PeerSilence q;
+  q.paths = 4;
+  q.peer_timeout = 10;
+  q.asked = 10.5;  // probes unanswered past the timeout...
+  EXPECT_EQ(judgePeer(q).health, Health::kFine);  // ...but nothing waits on it: an idle group is left alone
+  q.waited_on = true;
+  Verdict v = judgePeer(q);
+  EXPECT_EQ(v.health, Health::kDead);
+  EXPECT_NE(v.why.find("answered nothing on any of its 4 paths for 10.5 s"), std::string::npos) << v.why;
+  EXPECT_NE(v.why.find("MAESTRO_PEER_TIMEOUT=10"), std::string::npos) << v.why;
+  q.asked = 9.9;  // not yet
+  EXPECT_EQ(judgePeer(q).health, Health::kFine);
+  q.asked = 0;  // every probe answered (or none sent since it was last heard)
+  EXPECT_EQ(judgePeer(q).health, Health::kFine);
+  q.asked = 1e6;
+  q.peer_timeout = 0;  // off: the operation's timeout decides
+  EXPECT_EQ(judgePeer(q).health, Health::kFine);
+}
+
+}  // namespace
+}  // namespace multipath
+}  // namespace maestro
