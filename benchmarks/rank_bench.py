@@ -34,7 +34,7 @@ import maestro_torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gloo_devices  # noqa: E402
 from allreduce_bench import parse_size  # noqa: E402
-from variants import MAESTRO_POLICIES, gloo_device_count, is_gloo, is_maestro, maestro_policy  # noqa: E402
+from variants import MAESTRO_POLICIES, gloo_device_count, is_gloo, is_maestro, maestro_knobs, maestro_policy  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -64,7 +64,7 @@ def make_group(variant: str, extra: dict | None = None):
         gloo_devices.register()
         return new_group(backend=gloo_devices.BACKEND, pg_options=gloo_devices.options(addrs[:devices]))
     policy, congestion = maestro_policy(variant)
-    opts = dict(extra or {}, policy=policy)
+    opts = dict(extra or {}, **maestro_knobs(variant), policy=policy)
     if congestion:
         opts["tcp_congestion"] = congestion
     return new_group(backend="maestro", pg_options=maestro_torch.Options(**opts))
@@ -120,29 +120,42 @@ def sweep_op(collective: str, size: int, g):
     included, in equal splits); busbw = algbw * factor; exact() says whether
     the output holds what one fn() gives (checked after the warm-up)."""
     rank, n = dist.get_rank(), dist.get_world_size()  # every group of the sweep spans the world
+    # Position-dependent data, so that a chunk landing at another chunk's
+    # offset, or from another rank, is caught: element i of rank r's input
+    # is r * P + i % P (P = 4099, prime, so no chunk or block size is a
+    # multiple of it; exact in float32 up to 4,000 ranks).
+    P = 4099
+
+    def pattern(count, offset=0):
+        return ((torch.arange(count, dtype=torch.int64) + offset) % P).to(torch.float32)
+
     if collective == "allreduce":
-        t = torch.ones(max(size // 4, 1))
-        return (lambda: dist.all_reduce(t, group=g)), 2 * (n - 1) / n, lambda: bool(torch.all(t == n))
+        count = max(size // 4, 1)
+        t = pattern(count) + rank
+        want = pattern(count) * n + n * (n - 1) // 2
+        return (lambda: dist.all_reduce(t, group=g)), 2 * (n - 1) / n, lambda: bool(torch.equal(t, want))
     if collective == "sendrecv":
-        x, got = torch.full((max(size // 4, 1),), float(rank)), torch.empty(max(size // 4, 1))
+        count = max(size // 4, 1)
+        x, got = pattern(count) + rank * P, torch.empty(count)
         right, left = (rank + 1) % n, (rank - 1) % n
 
         def exchange():
             ops = [dist.P2POp(dist.isend, x, right, g), dist.P2POp(dist.irecv, got, left, g)]
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
-        return exchange, 1.0, lambda: bool(torch.all(got == left))
+        return exchange, 1.0, lambda: bool(torch.equal(got, pattern(count) + left * P))
     # allgather and alltoall: rank r's block j of the output comes from rank j.
     block = max(size // 4 // n, 1)
     if collective == "allgather":
-        x = torch.full((block,), float(rank))
+        x = pattern(block) + rank * P
         out = torch.empty(block * n)
         fn = lambda: dist.all_gather_into_tensor(out, x, group=g)  # noqa: E731
-    else:  # alltoall, equal splits
-        x = torch.full((block * n,), float(rank))
+        expected = torch.cat([pattern(block) + j * P for j in range(n)])
+    else:  # alltoall, equal splits: block j of rank r's input goes to rank j
+        x = torch.cat([pattern(block, offset=j) + rank * P for j in range(n)])
         out = torch.empty(block * n)
         fn = lambda: dist.all_to_all_single(out, x, group=g)  # noqa: E731
-    expected = torch.arange(n, dtype=torch.float32).repeat_interleave(block)
+        expected = torch.cat([pattern(block, offset=rank) + j * P for j in range(n)])
     return fn, (n - 1) / n, lambda: bool(torch.equal(out, expected))
 
 

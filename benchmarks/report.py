@@ -300,6 +300,56 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes / 1024:g} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
 
 
+def mid_size_cells(d: dict) -> dict:
+    """{(collective, variant, bytes): [busbw as a fraction of the limit, one per trial]}."""
+    cells = {}
+    for coll, trials in d["runs"].items():
+        for run in trials:
+            for r in run["rows"]:
+                cells.setdefault((coll, r["variant"], r["bytes"]), []).append(
+                    r["busbw_GBps"] / d["physical_limit_GBps"])
+    return cells
+
+
+def sec_mid_size(rec, out):
+    d = rec["data"]
+    cells = mid_size_cells(d)
+    variants = d["variants"]
+    sizes = sorted({b for _, _, b in cells})
+    policies = [v for v in variants if "@" not in v]
+    parts = []
+    fig, axes = plt.subplots(1, len(d["runs"]), figsize=(6 * len(d["runs"]), 3.6), squeeze=False)
+    for ax, coll in zip(axes[0], d["runs"]):
+        rows = []
+        for b in sizes:
+            med = {v: statistics.median(cells[(coll, v, b)]) for v in variants}
+            rows.append([size_label(b)]
+                        + [f"{med[v]:.2f} [{min(cells[(coll, v, b)]):.2f}-{max(cells[(coll, v, b)]):.2f}]"
+                           for v in variants]
+                        + [f"{med[p] / med[p + '@min_chunk_size=256K']:.2f}" for p in policies])
+        for i, v in enumerate(variants):
+            xs = [b * 2 ** (0.08 * (i - (len(variants) - 1) / 2)) for b in sizes]
+            ys = [statistics.median(cells[(coll, v, b)]) for b in sizes]
+            lo = [y - min(cells[(coll, v, b)]) for y, b in zip(ys, sizes)]
+            hi = [max(cells[(coll, v, b)]) - y for y, b in zip(ys, sizes)]
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o--" if "@" in v else "o-", capsize=3, label=v)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [size_label(b) for b in sizes])
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("busbw / physical limit")
+        ax.set_title(f"{coll}, pinned, 4 ranks")
+        ax.legend(fontsize=7)
+        parts.append(f"**{coll}**\n\n" + table(["size"] + variants + [f"{p}: cut / whole" for p in policies], rows))
+    trials = len(next(iter(d["runs"].values())))
+    return ("Mid-size messages: one chunk per path",
+            f"busbw as a fraction of the physical limit ({d['physical_limit_GBps'] * 1e3:.0f} MB/s), median "
+            f"[min-max] of {trials} interleaved trials (each rotates the order of the variants). The defaults cut "
+            "a message shorter than one chunk per path (4 x 256 KiB) into one chunk per path, none under 64 KiB "
+            "(`MAESTRO_MIN_CHUNK_SIZE=auto`); `@min_chunk_size=256K` keeps whole 256 KiB chunks, as before. A 4-rank "
+            "ring sends blocks of a quarter of the message: at 256 KiB they are 64 KiB, one chunk either way.\n\n"
+            + "\n\n".join(parts) + "\n\n" + save(fig, out, "mid_size"))
+
+
 def sec_models(rec, out):
     runs = rec["data"]["runs"]
     parts, labels, vals = [], [], {}
@@ -453,8 +503,103 @@ def sec_detection(rec, out):
 def sec_resiliency(rec, out):
     return timeline(rec, out, "resiliency", "Resiliency (paper Fig. 12e)",
                     "The L0 links to spines 3, 2 and 1 are cut one by one during training (blackholes: the paths "
-                    "stall and are detected after MAESTRO_PATH_TIMEOUT=1 s); their chunks move to the remaining "
-                    "paths.")
+                    "stall and are found from their own traffic, see Failover below); their chunks move to the "
+                    "remaining paths.")
+
+
+def env_label(d: dict) -> str:
+    """The knobs a link-timeline record ran with ("defaults" if none); a
+    record from before they were kept ran with MAESTRO_PATH_TIMEOUT=1."""
+    env = d.get("env", {"MAESTRO_PATH_TIMEOUT": "1"})
+    return ", ".join(f"{k}={v}" for k, v in env.items()) or "defaults"
+
+
+def failover_events(d: dict, settle: float = 1.0) -> list[dict]:
+    """Per event of a failover record: the median operation before it (since
+    the previous event's settling), the stall (the longest operation running
+    within `settle` s after it; every operation timed on its slowest rank),
+    the median operation after it (until the next event), and whether every
+    result in between was exact."""
+    n = min(len(r) for r in d["ranks"])
+    its = [{"start": d["ranks"][0][i]["start"], "seconds": max(r[i]["seconds"] for r in d["ranks"]),
+            "ok": all(r[i]["ok"] for r in d["ranks"])} for i in range(n)]
+    events = d["events"]
+    out = []
+    for k, e in enumerate(events):
+        t = e["t"]
+        lo = events[k - 1]["t"] + settle if k else 0.0
+        hi = events[k + 1]["t"] if k + 1 < len(events) else 1e18
+        before = [x["seconds"] for x in its if lo <= x["start"] and x["start"] + x["seconds"] <= t]
+        across = [x for x in its if x["start"] + x["seconds"] >= t and x["start"] <= t + settle]
+        after = [x["seconds"] for x in its if t + settle < x["start"] < hi]
+        window = [x for x in its if lo <= x["start"] < hi]
+        out.append({"event": e["event"], "t": t, "before_s": statistics.median(before) if before else None,
+                    "stall_s": max((x["seconds"] for x in across), default=None),
+                    "after_s": statistics.median(after) if after else None, "iterations": len(window),
+                    "exact": all(x["ok"] for x in window)})
+    return out
+
+
+def sec_failover(rec, out):
+    d = rec["data"]
+    by_event = {}
+    for e in failover_events(d):
+        by_event.setdefault(e["event"], []).append(e)
+    n = min(len(r) for r in d["ranks"])
+    t = [d["ranks"][0][i]["start"] for i in range(n)]
+    op = [max(r[i]["seconds"] for r in d["ranks"]) * 1e3 for i in range(n)]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    ax.plot(t, op, ".-", lw=0.8, ms=3, label="allreduce (slowest rank)")
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("operation time (ms)")
+    for e in d["events"]:
+        ax.axvline(e["t"], color="red" if "restore" not in e["event"] else "green", ls=":")
+        ax.text(e["t"], max(op), e["event"], rotation=90, fontsize=6, va="top")
+    ax.set_title("Failover: each operation's time against wall time")
+
+    def ms(xs):
+        xs = [x * 1e3 for x in xs if x is not None]
+        if not xs:
+            return "-"
+        return spread_cell(statistics.median(xs), xs, "{:.0f}") if len(xs) > 1 else f"{xs[0]:.0f}"
+    rows = [[ev, len(es), ms([e["before_s"] for e in es]), ms([e["stall_s"] for e in es]),
+             ms([e["after_s"] for e in es]), all(e["exact"] for e in es)] for ev, es in by_event.items()]
+    allok = all(it["ok"] for r in d["ranks"] for it in r)
+    quiet = ""
+    if "background" in d:
+        b = d["background"]
+        closed, paths = paths_closed(b)
+        ops = sorted(max(r[i]["seconds"] for r in b["ranks"]) for i in range(min(len(r) for r in b["ranks"])))
+        quiet = (f"\n\nNo false alarm under load: the same loop for {b['ranks'][0][-1]['start']:.0f} s with UDP "
+                 f"background on every spine ({', '.join(f'{m} Mbit/s on spine {sp}' for sp, m in b['udp_mbit'].items())}) "
+                 f"and saturating TCP on spines {' and '.join(map(str, b['tcp_spines']))}: **{closed} of {paths} paths "
+                 f"closed**, {len(ops)} operations (median {ops[len(ops) // 2] * 1e3:.0f} ms, slowest "
+                 f"{ops[-1] * 1e3:.0f} ms), every result exact: **{all(it['ok'] for r in b['ranks'] for it in r)}**.")
+    return ("Failover: a blackholed link and a link-down",
+            f"Allreduces of {d['bytes'] >> 20} MiB back to back on 4 ranks ({d['lab']}); each operation is timed on "
+            "its slowest rank. The stall is the longest operation running within 1 s after the event; median "
+            "(min-max) over the rounds. A blackholed path is set aside once the network has acknowledged none of "
+            "its bytes for a few round trips, and closed once TCP's own resends go unanswered too "
+            "(csrc/multipath/path_health.h); its chunks move to the other paths. Every result exact on every rank: "
+            f"**{allok}**.\n\n"
+            + table(["event", "rounds", "op before (ms)", "stall (ms)", "op after (ms)", "all exact"], rows)
+            + quiet + "\n\n" + save(fig, out, "failover"))
+
+
+def paths_closed(run: dict) -> tuple[int, int]:
+    """(paths seen down or reconnected during a loop run, paths), over every
+    rank's (peer, path) in its per-iteration snapshots."""
+    closed, paths = set(), set()
+    for rank, its in enumerate(run["ranks"]):
+        first = {(p["peer"], p["path"]): p for p in its[0]["paths"]}
+        for it in its:
+            for p in it["paths"]:
+                key = (rank, p["peer"], p["path"])
+                paths.add(key)
+                if p["state"] == "down" or p["reconnects"] > first.get((p["peer"], p["path"]), p)["reconnects"]:
+                    closed.add(key)
+    return len(closed), len(paths)
 
 
 def hunting_runs(d: dict) -> dict:
@@ -676,8 +821,9 @@ def footprint_cpu_table(rec: dict) -> str:
 
 
 SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
-            "p2p_alltoall": sec_p2p_alltoall, "models": sec_models, "load_balance": sec_load_balance,
-            "detection": sec_detection, "resiliency": sec_resiliency, "latency": sec_latency,
+            "mid_size": sec_mid_size, "p2p_alltoall": sec_p2p_alltoall, "models": sec_models, "load_balance": sec_load_balance,
+            "detection": sec_detection, "resiliency": sec_resiliency, "failover": sec_failover,
+            "latency": sec_latency,
             "overheads": sec_overheads, "discovery": sec_discovery, "hunting": sec_hunting,
             "footprint": sec_footprint, "fabric_sim": fabric_sim_report.section, "gpu": gpu_report.section}
 
@@ -791,7 +937,7 @@ def perf_targets(recs: dict) -> tuple[str, list[str]]:
         back = first_use_after_up(det["data"])
         rows.append([f"spine link cut mid-allreduce ({d['bytes'] >> 20} MiB loop)",
                      f"every result exact: {'yes' if exact else '**no**'}; the iterations hit by a cut take {min(hit):.2f}-{max(hit):.2f} s "
-                     f"(MAESTRO_PATH_TIMEOUT=1) vs {fastest:.2f} s with every path up; a restored link's path carries "
+                     f"({env_label(d)}) vs {fastest:.2f} s with every path up; a restored link's path carries "
                      f"data in an iteration that ends {min(back):.2f}-{max(back):.2f} s after the link is up",
                      "correct, no hang, time reported"])
     if not rows:
@@ -865,6 +1011,15 @@ def sanity(recs: dict) -> list[str]:
                     positive(name, f"{r['chunk']} busbw", r["busbw_GBps"])
                     positive(name, f"{r['chunk']} chunk samples", len(r["chunk_times_s"]))
                     positive(name, f"{r['chunk']} smallest chunk time", min(r["chunk_times_s"]))
+            elif name == "mid_size":
+                for (coll, v, b), xs in mid_size_cells(d).items():
+                    for x in xs:
+                        positive(name, f"{coll} {v} {b} B busbw", x)
+                for coll, trials in d["runs"].items():
+                    for run in trials:
+                        for r in run["rows"]:
+                            if not r["exact"]:
+                                bad.append(f"{name}: {coll} {r['variant']} {r['bytes']} B: the result was wrong")
             elif name in ("collectives", "p2p_alltoall"):
                 for key, run in d["runs"].items():
                     for r in run["rows"]:
@@ -898,6 +1053,16 @@ def sanity(recs: dict) -> list[str]:
                     bad.append(f"detection: {down} paths still down at the end (every link was up)")
                 if name == "resiliency" and not down:
                     bad.append("resiliency: no path was seen down after 3 links were cut")
+            elif name == "failover":
+                if len(d["events"]) != 4 * d["rounds"]:
+                    bad.append(f"{name}: {len(d['events'])} of {4 * d['rounds']} link events happened during the run")
+                for e in failover_events(d):
+                    positive(name, f"stall at {e['event']}", e["stall_s"])
+                    if not e["exact"]:
+                        bad.append(f"{name}: an allreduce result was wrong around {e['event']}")
+                # The blackholed link's paths (rank 1 -> 2 crosses it) went down and were moved off.
+                if not any(p["state"] == "down" for it in d["ranks"][1] for p in it["paths"] if p["peer"] == 2):
+                    bad.append(f"{name}: no path of rank 1 to rank 2 was seen down after L0-s3 was blackholed")
             elif name == "latency":
                 for r in d["rows"]:
                     positive(name, f"{r['variant']} barrier", r["barrier_s"])

@@ -14,11 +14,16 @@ Experiments (paper figure):
     collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP
     p2p_alltoall  -        sendrecv (ring neighbours, batch_isend_irecv) and all_to_all_single busbw vs size,
                            maestro (adaptive) vs gloo and vs maestro on one path, pinned
+    mid_size      -        allreduce/allgather 256 KiB-4 MiB, pinned: the defaults (a mid-size message cut into one
+                           chunk per path) beside MAESTRO_MIN_CHUNK_SIZE=256K (whole chunks), adaptive and
+                           round_robin, interleaved trials in rotating order
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: ResNet-50's sync and training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
     detection     Fig.12d  paths enabled one by one during training are picked up
     resiliency    Fig.12e  paths disabled one by one: throughput over time, results exact
+    failover      -        a blackholed link and a link-down mid-run, defaults: the stall (longest operation
+                           across each event), the operation time before and after, results exact
     latency       Fig.12f  barrier time when paths differ in queueing delay
     overheads     Fig.13   CPU per path at line rate, set-up cost vs paths
     discovery     §4.1     disjoint paths found under ECMP hashing (trials)
@@ -218,6 +223,30 @@ def train_on_lab(lab, model: str, variant: str, *, timeout: float) -> dict:
     return res
 
 
+def exp_mid_size(ctx):
+    """Mid-size collectives on the pinned lab of exp_collectives: each policy
+    with the defaults (a message shorter than one chunk per path is cut into
+    one chunk per path, MAESTRO_MIN_CHUNK_SIZE=auto) beside the same policy
+    with whole 256 KiB chunks, in interleaved trials; each trial rotates the
+    order of the variants, since a sweep measures them one after another."""
+    sizes = "1M" if ctx.quick else "256K,1M,2M,4M"
+    variants = ["adaptive", "adaptive@min_chunk_size=256K"]
+    if not ctx.quick:
+        variants += ["round_robin", "round_robin@min_chunk_size=256K"]
+    trials = 1 if ctx.quick else 4
+    collectives = ("allreduce",) if ctx.quick else ("allreduce", "allgather")
+    runs = {c: [] for c in collectives}
+    with ctx.lab("mid", mode="pinned") as lab:
+        for trial in range(trials):
+            order = variants[trial % len(variants):] + variants[:trial % len(variants)]
+            for coll in collectives:
+                print(f"    trial {trial + 1}/{trials}: {coll}", file=sys.stderr, flush=True)
+                runs[coll].append(run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants",
+                                                  ",".join(order), "--budget", "1.5"], timeout=1800))
+    return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS,
+            "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "variants": variants, "runs": runs}
+
+
 def exp_models(ctx):
     out = {}
     # --quick leaves single out here and syncs ResNet-50's buckets, not
@@ -249,6 +278,7 @@ def exp_models(ctx):
 
 
 BACKGROUND = ((1, 50), (2, 100), (3, 150))  # (spine, Mbit/s): 25 / 50 / 75 % of the core links
+BACKGROUND_ALL = ((0, 100),) + BACKGROUND    # every spine
 
 
 def exp_load_balance(ctx):
@@ -278,24 +308,33 @@ def exp_load_balance(ctx):
             "background_mbit": {str(s): m for s, m in BACKGROUND}, "residual_mbit": residual, "runs": runs}
 
 
+def play(lab, plan, step: float, events: list):
+    """An on_ready callback for run_ranks: every `step` s from READY, the next
+    (label, action) of `plan` acts on the lab; each is recorded in `events`
+    as {"t": seconds from READY, "event": label}."""
+    def change(t0, _ranks):
+        for label, act in plan:
+            time.sleep(step)
+            act(lab)
+            events.append({"t": time.monotonic() - t0, "event": label})
+    return change
+
+
 def link_timeline(ctx, name, *, initially_down, steps, up, env, lab_desc):
     """16 MiB allreduces in a loop on the pinned lab while the leaf-0 links to
     the spines in `steps` go up (up=True) or down, one every few seconds from
     READY; `initially_down` spines start cut. Returns the loop's iterations
     and the link events, timed from READY."""
     step = 2.5 if ctx.quick else 4.0
+    plan = [(f"spine {s} {'up' if up else 'down'}", lambda lab, s=s: (lab.link_up if up else lab.link_down)(0, s))
+            for s in steps]
     with ctx.lab(name, mode="pinned") as lab:
         for s in initially_down:
             lab.link_down(0, s)
         events = []
-
-        def change(t0, _ranks):
-            for s in steps:
-                time.sleep(step)
-                (lab.link_up if up else lab.link_down)(0, s)
-                events.append({"t": time.monotonic() - t0, "event": f"spine {s} {'up' if up else 'down'}"})
-        res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", str(step * 4)], env=env, on_ready=change)
-    return {"lab": lab_desc, "core_mbit": CORE, "events": events, **res}
+        res = run_ranks(lab, ["loop", "--size", "16M", "--seconds", str(step * 4)], env=env,
+                        on_ready=play(lab, plan, step, events))
+    return {"lab": lab_desc, "core_mbit": CORE, "env": env or {}, "events": events, **res}
 
 
 def exp_detection(ctx):
@@ -304,8 +343,40 @@ def exp_detection(ctx):
 
 
 def exp_resiliency(ctx):
-    return link_timeline(ctx, "res", initially_down=(), steps=(3, 2, 1), up=False, env={"MAESTRO_PATH_TIMEOUT": "1"},
-                         lab_desc="4 hosts, pinned; links L0-s3, s2, s1 cut one by one")
+    return link_timeline(ctx, "res", initially_down=(), steps=(3, 2, 1), up=False, env=None,
+                         lab_desc="4 hosts, pinned; links L0-s3, s2, s1 cut one by one; defaults")
+
+
+def exp_failover(ctx):
+    """4 MiB allreduces back to back on the pinned lab with defaults; a
+    leaf-0 spine link is blackholed mid-run (packets dropped, link up) and
+    restored, then another goes down with its routes withdrawn (link-down:
+    the pinned paths fall back to the remaining spines) and is restored;
+    three such rounds (--quick: one). The stall is the longest operation
+    across each event."""
+    step, rounds = (2.5, 1) if ctx.quick else (3.0, 3)
+    plan = [("blackhole L0-s3", lambda lab: lab.link_down(0, 3)), ("restore L0-s3", lambda lab: lab.link_up(0, 3)),
+            ("link-down L0-s2", lambda lab: lab.link_down(0, 2, reroute=True)),
+            ("restore L0-s2", lambda lab: lab.link_up(0, 2))] * rounds
+    with ctx.lab("fo", mode="pinned") as lab:
+        events = []
+        res = run_ranks(lab, ["loop", "--size", "4M", "--seconds", str(step * (len(plan) + 1))],
+                        on_ready=play(lab, plan, step, events))
+        # No false alarm: the same loop with background traffic on every
+        # spine (UDP h1 -> h3, and saturating TCP h0 -> h2 on spines 1 and 3,
+        # whose whole flights a full queue drops now and then): no path may
+        # be closed.
+        bgs = [lab.background(spine=s, mbit=m, proto="udp") for s, m in BACKGROUND_ALL]
+        bgs += [lab.background(spine=s, mbit=None, proto="tcp", src=0, dst=2) for s in (1, 3)]
+        try:
+            time.sleep(1)
+            loaded = run_ranks(lab, ["loop", "--size", "4M", "--seconds", "10" if ctx.quick else "120"])
+        finally:
+            for b in bgs:
+                b.stop()
+    return {"lab": "4 hosts, pinned; L0-s3 blackholed, L0-s2 down with its routes withdrawn, each restored; defaults",
+            "core_mbit": CORE, "rounds": rounds, "events": events, **res,
+            "background": {"udp_mbit": {str(s): m for s, m in BACKGROUND_ALL}, "tcp_spines": [1, 3], **loaded}}
 
 
 def exp_latency(ctx):

@@ -7,6 +7,8 @@ here: the report runs without it.
     gloo-<n>dev     gloo with one device on each of the rank's first n vNIC addresses
     <policy>[+cc]   maestro with that load-balancing policy, optionally a TCP
                     congestion control for its paths, e.g. "adaptive+cubic"
+    ...@knob=value  maestro with one more Options field (a knob's effect
+                    beside the defaults), e.g. "adaptive@min_chunk_size=256K"
 """
 from __future__ import annotations
 
@@ -30,5 +32,16 @@ def is_maestro(variant: str) -> bool:
 
 def maestro_policy(variant: str) -> tuple[str, str]:
     """"adaptive+cubic" -> ("adaptive", "cubic"); "adaptive" -> ("adaptive", "")."""
-    policy, _, congestion = variant.partition("+")
+    policy, _, congestion = variant.partition("@")[0].partition("+")
     return policy, congestion
+
+
+def maestro_knobs(variant: str) -> dict[str, str]:
+    """"adaptive@min_chunk_size=256K" -> {"min_chunk_size": "256K"}; {} without "@"."""
+    out = {}
+    for field in variant.split("@")[1:]:
+        name, eq, value = field.partition("=")
+        if not eq or not name:
+            raise ValueError(f"variant {variant!r}: expected @knob=value, got @{field}")
+        out[name] = value
+    return out

@@ -18,7 +18,7 @@ import rank_bench  # noqa: E402
 
 @pytest.mark.parametrize("collective", rank_bench.SWEEP_COLLECTIVES)
 def test_sweep_on_loopback_is_exact_for_every_variant(collective):
-    variants, sizes = ["gloo", "adaptive", "single"], [4 << 10, 1 << 20]
+    variants, sizes = ["gloo", "adaptive", "adaptive@min_chunk_size=256K", "single"], [4 << 10, 1 << 20]
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             "benchmarks/rank_bench.py", "sweep", "--collective", collective, "--sizes", "4K,1M",
             "--variants", ",".join(variants), "--budget", "0.05"]

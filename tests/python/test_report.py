@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(ROOT, "docs", "results", "data")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -213,3 +215,27 @@ def test_core_share_is_cpu_seconds_per_gb_times_the_rate():
     row = {"paths": 4, "gbps": 0.8, "cpu_s_per_GB": [0.5, 2.0]}  # 0.1 GB/s
     assert abs(report.core_share(row, 0) - 0.05) < 1e-12
     assert abs(report.core_share(row, 1) - 0.20) < 1e-12
+
+
+def _loop_iters(spec):
+    """Iterations from (start, seconds, ok) triples, with one path snapshot each."""
+    return [{"start": a, "seconds": s, "ok": ok,
+             "paths": [{"peer": 1, "path": 0, "state": st, "reconnects": rc}]} for a, s, ok, st, rc in spec]
+
+
+def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank():
+    fast = [(0.0, 0.1, True, "up", 0), (0.1, 0.1, True, "up", 0), (0.2, 0.1, True, "up", 0)]
+    # The event at 0.35 s: rank 1's operation from 0.3 s takes 0.4 s (rank 0's only 0.2).
+    r0 = _loop_iters(fast + [(0.3, 0.2, True, "down", 0), (0.7, 0.1, True, "down", 0), (1.5, 0.12, True, "up", 1),
+                             (1.7, 0.12, True, "up", 1)])
+    r1 = _loop_iters(fast + [(0.3, 0.4, True, "up", 0), (0.7, 0.1, False, "up", 0), (1.5, 0.12, True, "up", 0),
+                             (1.7, 0.12, True, "up", 0)])
+    d = {"events": [{"t": 0.35, "event": "blackhole"}], "ranks": [r0, r1]}
+    (e,) = report.failover_events(d)
+    assert e["event"] == "blackhole"
+    assert e["before_s"] == pytest.approx(0.1)
+    assert e["stall_s"] == pytest.approx(0.4)   # the slowest rank's, of the operation across the event
+    assert e["after_s"] == pytest.approx(0.12)  # from 1 s after the event on
+    assert e["exact"] is False                  # rank 1's result at 0.7 s was wrong
+    # Rank 0's path went down and was reconnected: one of two paths closed.
+    assert report.paths_closed({"ranks": [r0, r1]}) == (1, 2)
