@@ -76,8 +76,15 @@ Engine::~Engine() {
   // that path's close) so the peers do not mistake it for a crash. On the
   // transport's id of each path: where discovery chose among candidates
   // that is the chosen candidate's, not the path's index.
-  ControlHeader bye{};
-  bye.type = static_cast<uint8_t>(ControlType::kBye);
+  ControlHeader header{};
+  header.type = static_cast<uint8_t>(ControlType::kBye);
+  std::vector<uint8_t> bye(sizeof header);
+  std::memcpy(bye.data(), &header, sizeof header);
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    bye.insert(bye.end(), failure_.begin(),
+               failure_.begin() + std::min(failure_.size(), transport::kMaxControlBytes - sizeof header));
+  }
   for (int peer : mesh_.transport ? activePeers() : std::vector<int>()) {
     std::vector<int> ids;
     {
@@ -86,7 +93,7 @@ Engine::~Engine() {
     }
     for (int id : ids) {
       try {
-        mesh_.transport->postSend(peer, id, &bye, sizeof bye);
+        mesh_.transport->postSend(peer, id, bye.data(), bye.size());
       } catch (const Error&) {
       }
     }
@@ -675,6 +682,11 @@ void Engine::interrupt(const std::string& why) {
   notify();
 }
 
+void Engine::noteFailure(const std::string& why) {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (failure_.empty()) failure_ = why;
+}
+
 bool Engine::interrupted(std::string* why) const {
   std::lock_guard<std::mutex> lock(abort_mu_);
   if (interrupted_.empty()) return false;
@@ -834,6 +846,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kBye: {
         std::lock_guard<std::mutex> lock(p.mu);
         p.left = true;
+        if (p.left_after.empty()) p.left_after.assign(reinterpret_cast<const char*>(body), body_len);
         return;
       }
       case ControlType::kHunt: {
@@ -1053,7 +1066,9 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
     bool any_up = false;
     for (const auto& s : p.paths) any_up = any_up || s.up;
     if (!any_up && p.left) {
-      markUnreachable(p, strcat("rank ", peer, " has shut down its process group (destroy_process_group)"));
+      markUnreachable(p, strcat("rank ", peer, " has shut down its process group (destroy_process_group)",
+                                p.left_after.empty() ? std::string()
+                                                     : strcat(" after it failed there: ", p.left_after)));
     } else if (!any_up) {
       std::string errors;
       bool all_closed = true;

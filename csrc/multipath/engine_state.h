@@ -142,6 +142,7 @@ struct Engine::Peer {
   std::vector<std::pair<std::vector<uint8_t>, bool>> waiting_control;
   bool unreachable = false;
   bool left = false;  // the peer said goodbye (its group was destroyed)
+  std::string left_after;  // the failure its goodbye named, if its group had failed
   std::string error;
   Clock::time_point last_heard{};  // any completion, arrival or message from this peer
   // When it was heard again after a silence longer than `lately`: the peer,

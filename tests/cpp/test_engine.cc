@@ -140,6 +140,37 @@ TEST(EngineControl, AbortsOfFinishedOperationsAreForgotten) {
   a.checkPeer(1);  // and the peer is fine
 }
 
+// A rank whose group failed says why in its goodbye: a peer that meets only
+// its departure -- the abort it relayed never reached it, the two were not
+// connected then -- fails naming that failure, not a bare "shut down". A
+// rank that leaves a healthy group says nothing more.
+TEST(EngineControl, APeerThatLeavesAfterItsGroupFailedSaysWhy) {
+  for (const std::string failure : {"maestro allreduce #1 failed on rank 1: ranks called different tensors", ""}) {
+    MemoryRendezvous store;
+    auto engines = twoEngines(store);
+    ASSERT_TRUE(engines[0] && engines[1]);
+    Engine& a = *engines[0];
+    a.sendControl(1, ControlType::kBarrier, 1, 0);  // the pair connects
+    ASSERT_TRUE(waitToken(*engines[1], 1, 0, 20));
+    if (!failure.empty()) engines[1]->noteFailure(failure);
+    engines[1].reset();
+    std::string error;
+    for (auto deadline = after(20); error.empty() && Clock::now() < deadline;) {
+      try {
+        a.checkPeer(1);
+        a.waitEvent(a.eventCount(), after(0.05));
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    EXPECT_NE(std::string::npos, error.find("rank 1 has shut down its process group")) << error;
+    if (failure.empty())
+      EXPECT_EQ(std::string::npos, error.find("after it failed there")) << error;
+    else
+      EXPECT_NE(std::string::npos, error.find("after it failed there: " + failure)) << error;
+  }
+}
+
 // More control messages on a path than it has confirmed: none is given up.
 // The path is closed under them; every one arrives over the other path.
 TEST(EngineControl, TenThousandControlMessagesOnAPathClosedUnderThemAllArrive) {

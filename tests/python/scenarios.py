@@ -26,9 +26,13 @@ def _error_of(fn) -> str:
     return ""
 
 
-def mismatched_shapes(rank, world):
+def mismatched_shapes(rank, world, late=-1):
+    """Rank 1's tensor is one element short. `late`: a rank that starts the
+    collective 3 s after the others, when they have failed and left."""
     _init()
     t = torch.ones(1000 if rank != 1 else 999)
+    if rank == late:
+        time.sleep(3)
     start = time.time()
     err = _error_of(lambda: dist.all_reduce(t))
     later = _error_of(lambda: dist.all_reduce(torch.ones(10)))

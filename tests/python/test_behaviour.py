@@ -17,9 +17,13 @@ def ok_values(results):
     return [v for _, v in results]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_mismatched_shapes_fail_on_every_rank(world):
-    values = ok_values(run_ranks(world, scenarios.mismatched_shapes, timeout=120))
+@pytest.mark.parametrize("world, late", [(2, -1), (3, -1), (3, 0), (3, 2)])
+def test_mismatched_shapes_fail_on_every_rank(world, late):
+    # late: a rank that starts 3 s after the others have failed and left.
+    # Ranks 1 and 2 (0 and 1) found the mismatch and relayed their abort
+    # before they were connected to it, so it learns of the mismatch only
+    # from the goodbye of a rank it needs, which carries that rank's failure.
+    values = ok_values(run_ranks(world, scenarios.mismatched_shapes, late, timeout=120))
     for rank, v in enumerate(values):
         assert "different tensors" in v["error"] and "999" in v["error"], f"rank {rank}: {v['error']!r}"
         assert v["seconds"] < 20, "an error must not wait for the timeout"
