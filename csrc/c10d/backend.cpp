@@ -629,7 +629,7 @@ void ProcessGroupMaestro::workerLoop() {
         if (!broken_) {
           broken_ = error;
           broken_what_ = e.what();
-          engine_->noteFailure(broken_what_);
+          engine_->noteFailure(p.seq, broken_what_);
           // abort() ran the hooks already; shutdown() is not an abort.
           if (!stopping_) gave_up = e.what();
         }

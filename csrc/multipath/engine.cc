@@ -79,9 +79,10 @@ Engine::~Engine() {
   ControlHeader header{};
   header.type = static_cast<uint8_t>(ControlType::kBye);
   std::vector<uint8_t> bye(sizeof header);
-  std::memcpy(bye.data(), &header, sizeof header);
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
+    header.seq = failure_seq_;
+    std::memcpy(bye.data(), &header, sizeof header);
     bye.insert(bye.end(), failure_.begin(),
                failure_.begin() + std::min(failure_.size(), transport::kMaxControlBytes - sizeof header));
   }
@@ -648,6 +649,7 @@ void Engine::broadcastAbort(uint64_t seq, const std::string& reason) {
     std::lock_guard<std::mutex> lock(abort_mu_);
     aborts_.emplace(seq, reason);
   }
+  noteFailure(seq, reason);
   relayAbort(seq, static_cast<uint32_t>(rank_), reason, -1);
 }
 
@@ -682,9 +684,11 @@ void Engine::interrupt(const std::string& why) {
   notify();
 }
 
-void Engine::noteFailure(const std::string& why) {
+void Engine::noteFailure(uint64_t seq, const std::string& why) {
   std::lock_guard<std::mutex> lock(abort_mu_);
-  if (failure_.empty()) failure_ = why;
+  if (seq <= failure_seq_ && !failure_.empty()) return;
+  failure_seq_ = seq;
+  failure_ = why;
 }
 
 bool Engine::interrupted(std::string* why) const {
@@ -846,7 +850,8 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
       case ControlType::kBye: {
         std::lock_guard<std::mutex> lock(p.mu);
         p.left = true;
-        if (p.left_after.empty()) p.left_after.assign(reinterpret_cast<const char*>(body), body_len);
+        p.left_after.assign(reinterpret_cast<const char*>(body), body_len);
+        p.left_after_seq = h.seq;
         return;
       }
       case ControlType::kHunt: {
@@ -1067,8 +1072,9 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
     for (const auto& s : p.paths) any_up = any_up || s.up;
     if (!any_up && p.left) {
       markUnreachable(p, strcat("rank ", peer, " has shut down its process group (destroy_process_group)",
-                                p.left_after.empty() ? std::string()
-                                                     : strcat(" after it failed there: ", p.left_after)));
+                                p.left_after.empty() || p.left_after_seq <= retired_.load()
+                                    ? std::string()
+                                    : strcat(" after a failure there: ", p.left_after)));
     } else if (!any_up) {
       std::string errors;
       bool all_closed = true;

@@ -219,11 +219,12 @@ class Engine : public ChannelSink {
   void interrupt(const std::string& why);
   // The reason, if interrupt() was called.
   bool interrupted(std::string* why) const;
-  // The group failed (its first failure, `why`) and is unusable: the
-  // goodbye at shutdown carries it, so that a peer that meets only this
-  // rank's departure -- the abort it relayed never reached it, because the
-  // two were not connected yet -- still learns why. Keeps the first.
-  void noteFailure(const std::string& why);
+  // Operation `seq` failed here with `why` (broadcastAbort notes its own).
+  // The goodbye at shutdown carries the latest such failure, so that a peer
+  // that meets only this rank's departure -- the abort it relayed never
+  // reached it, because the two were not connected yet -- still learns why.
+  // The first failure of an operation is kept.
+  void noteFailure(uint64_t seq, const std::string& why);
 
   // ---- point to point ----
   // Appends the point-to-point control messages that arrived since the last
@@ -397,7 +398,8 @@ class Engine : public ChannelSink {
   mutable std::mutex abort_mu_;
   std::map<uint64_t, std::string> aborts_;
   std::string interrupted_;  // abort_mu_; "" while not interrupted
-  std::string failure_;      // abort_mu_; noteFailure()'s, sent with the goodbye
+  uint64_t failure_seq_ = 0;  // abort_mu_; noteFailure()'s, sent with the goodbye
+  std::string failure_;
   std::atomic<uint64_t> retired_{0};
 
   struct Buffer {

@@ -142,7 +142,10 @@ struct Engine::Peer {
   std::vector<std::pair<std::vector<uint8_t>, bool>> waiting_control;
   bool unreachable = false;
   bool left = false;  // the peer said goodbye (its group was destroyed)
-  std::string left_after;  // the failure its goodbye named, if its group had failed
+  // The failure its goodbye named (of operation left_after_seq), if any:
+  // named to this rank's operations that had not finished that one.
+  std::string left_after;
+  uint64_t left_after_seq = 0;
   std::string error;
   Clock::time_point last_heard{};  // any completion, arrival or message from this peer
   // When it was heard again after a silence longer than `lately`: the peer,

@@ -140,19 +140,23 @@ TEST(EngineControl, AbortsOfFinishedOperationsAreForgotten) {
   a.checkPeer(1);  // and the peer is fine
 }
 
-// A rank whose group failed says why in its goodbye: a peer that meets only
-// its departure -- the abort it relayed never reached it, the two were not
-// connected then -- fails naming that failure, not a bare "shut down". A
-// rank that leaves a healthy group says nothing more.
-TEST(EngineControl, APeerThatLeavesAfterItsGroupFailedSaysWhy) {
-  for (const std::string failure : {"maestro allreduce #1 failed on rank 1: ranks called different tensors", ""}) {
+// A rank whose operation failed says why in its goodbye: a peer that meets
+// only its departure -- the abort it relayed never reached it, the two were
+// not connected then -- fails naming that failure, not a bare "shut down".
+// A rank that leaves without a failure, or after one of an operation the
+// peer has finished, says nothing more.
+TEST(EngineControl, APeerThatLeavesAfterAFailureSaysWhy) {
+  const std::string failure = "maestro allreduce #3 failed on rank 1: ranks called different tensors";
+  for (const std::string kind : {"failed", "aborted", "none", "finished"}) {
     MemoryRendezvous store;
     auto engines = twoEngines(store);
     ASSERT_TRUE(engines[0] && engines[1]);
     Engine& a = *engines[0];
     a.sendControl(1, ControlType::kBarrier, 1, 0);  // the pair connects
     ASSERT_TRUE(waitToken(*engines[1], 1, 0, 20));
-    if (!failure.empty()) engines[1]->noteFailure(failure);
+    if (kind == "failed" || kind == "finished") engines[1]->noteFailure(3, failure);
+    if (kind == "aborted") engines[1]->broadcastAbort(3, failure);
+    if (kind == "finished") a.retire(3);
     engines[1].reset();
     std::string error;
     for (auto deadline = after(20); error.empty() && Clock::now() < deadline;) {
@@ -163,11 +167,11 @@ TEST(EngineControl, APeerThatLeavesAfterItsGroupFailedSaysWhy) {
         error = e.what();
       }
     }
-    EXPECT_NE(std::string::npos, error.find("rank 1 has shut down its process group")) << error;
-    if (failure.empty())
-      EXPECT_EQ(std::string::npos, error.find("after it failed there")) << error;
+    EXPECT_NE(std::string::npos, error.find("rank 1 has shut down its process group")) << kind << ": " << error;
+    if (kind == "none" || kind == "finished")
+      EXPECT_EQ(std::string::npos, error.find("after a failure there")) << kind << ": " << error;
     else
-      EXPECT_NE(std::string::npos, error.find("after it failed there: " + failure)) << error;
+      EXPECT_NE(std::string::npos, error.find("after a failure there: " + failure)) << kind << ": " << error;
   }
 }
 

@@ -55,10 +55,14 @@ def mismatched_dtype(rank, world):
     return {"error": _error_of(lambda: dist.all_reduce(t))}
 
 
-def one_rank_rejects_its_input(rank, world):
+def one_rank_rejects_its_input(rank, world, late=-1):
+    """The last rank's tensor is of a dtype maestro refuses. `late`: a rank
+    that starts the collective 3 s after the others, when they have left."""
     _init()
     good = torch.ones(100)
     bad = torch.ones(100, dtype=torch.uint32)  # passes torch.distributed, not maestro
+    if rank == late:
+        time.sleep(3)
     start = time.time()
     err = _error_of(lambda: dist.all_reduce(bad if rank == world - 1 else good))
     return {"error": err, "seconds": time.time() - start}

@@ -40,8 +40,11 @@ def test_mismatched_dtypes_fail_on_every_rank():
         assert "float32" in v["error"] and "float64" in v["error"], f"rank {rank}: {v['error']!r}"
 
 
-def test_a_rank_rejecting_its_input_fails_every_rank():
-    values = ok_values(run_ranks(3, scenarios.one_rank_rejects_its_input, timeout=120))
+@pytest.mark.parametrize("late", [-1, 0])
+def test_a_rank_rejecting_its_input_fails_every_rank(late):
+    # late=0: rank 0 starts when the others have failed and left; it learns
+    # the reason from the goodbye of rank 2, which it meets first.
+    values = ok_values(run_ranks(3, scenarios.one_rank_rejects_its_input, late, timeout=120))
     for rank, v in enumerate(values):
         assert "UInt32 is not supported" in v["error"], f"rank {rank}: {v['error']!r}"
         assert "rejected on rank 2" in v["error"], v["error"]
