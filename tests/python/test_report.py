@@ -239,3 +239,8 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
     assert e["exact"] is False                  # rank 1's result at 0.7 s was wrong
     # Rank 0's path went down and was reconnected: one of two paths closed.
     assert report.paths_closed({"ranks": [r0, r1]}) == (1, 2)
+    # Under background load a closed path is a false alarm, and the text says so.
+    load = {"ranks": [r0, r1], "udp_mbit": {"0": 100}, "tcp_spines": [1]}
+    assert report.under_load(load).startswith("**False alarms under load**"), report.under_load(load)
+    calm = {"ranks": [r1, r1], "udp_mbit": {"0": 100}, "tcp_spines": [1]}
+    assert report.under_load(calm).startswith("No false alarm under load: "), report.under_load(calm)
