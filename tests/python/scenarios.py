@@ -18,6 +18,13 @@ def _init(timeout_s: float = 60, backend: str = "maestro", **kw):
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kw)
 
 
+def _start_late(rank, late):
+    """Rank `late` starts its collective 3 s after the others: by then they
+    have failed it and left."""
+    if rank == late:
+        time.sleep(3)
+
+
 def _error_of(fn) -> str:
     try:
         fn()
@@ -27,12 +34,10 @@ def _error_of(fn) -> str:
 
 
 def mismatched_shapes(rank, world, late=-1):
-    """Rank 1's tensor is one element short. `late`: a rank that starts the
-    collective 3 s after the others, when they have failed and left."""
+    """Rank 1's tensor is one element short; `late`: see _start_late."""
     _init()
     t = torch.ones(1000 if rank != 1 else 999)
-    if rank == late:
-        time.sleep(3)
+    _start_late(rank, late)
     start = time.time()
     err = _error_of(lambda: dist.all_reduce(t))
     later = _error_of(lambda: dist.all_reduce(torch.ones(10)))
@@ -56,13 +61,12 @@ def mismatched_dtype(rank, world):
 
 
 def one_rank_rejects_its_input(rank, world, late=-1):
-    """The last rank's tensor is of a dtype maestro refuses. `late`: a rank
-    that starts the collective 3 s after the others, when they have left."""
+    """The last rank's tensor is of a dtype maestro refuses; `late`: see
+    _start_late."""
     _init()
     good = torch.ones(100)
     bad = torch.ones(100, dtype=torch.uint32)  # passes torch.distributed, not maestro
-    if rank == late:
-        time.sleep(3)
+    _start_late(rank, late)
     start = time.time()
     err = _error_of(lambda: dist.all_reduce(bad if rank == world - 1 else good))
     return {"error": err, "seconds": time.time() - start}
