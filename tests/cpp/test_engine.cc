@@ -426,6 +426,17 @@ TEST(EngineHunting, MisplacedOrMalformedHuntMessagesAreIgnored) {
       EXPECT_EQ(0u, s.hunts) << e->pathTable();
       EXPECT_EQ(0u, s.errors) << e->pathTable();
     }
+  // The control: the same engines, asked in place (the acceptor asks the
+  // opener to move path 1), do re-open it and count it -- so the zeros
+  // above are the messages being ignored, not hunting being off or unseen.
+  b.sendControl(0, ControlType::kHuntAsk, 0, 1);
+  const auto deadline = after(10);
+  while (Clock::now() < deadline && (a.pathStats()[1].hunts == 0 || b.pathStats()[1].hunts == 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (Engine* e : {&a, &b}) {
+    EXPECT_EQ(1u, e->pathStats()[1].hunts) << e->pathTable();
+    EXPECT_EQ(0u, e->pathStats()[0].hunts) << e->pathTable();
+  }
 }
 
 }  // namespace
