@@ -256,7 +256,7 @@ std::vector<PathView> Engine::views(const Peer& peer) const {
     v[i].inflight = s.inflight + static_cast<int>(s.queue.size());
     v[i].window = config_.window;
     v[i].weight = i < config_.weights.size() ? config_.weights[i] : 1.0;
-    v[i].throughput = s.throughput;
+    v[i].throughput = s.rate.planned(now);
     v[i].rtt = s.rtt;
     v[i].stalled = s.inflight > 0 ? seconds(now - s.last_progress) : 0.0;
   }
@@ -321,8 +321,7 @@ void Engine::post(Peer& peer, int path, ChunkDesc* c) {
   c->posted = Clock::now();
   if (slot.inflight == 0) {
     slot.last_progress = c->posted;
-    slot.busy_mark = c->posted;
-    slot.busy_bytes = 0;
+    slot.rate.busy(c->posted);
   }
   slot.inflight++;
   op->outstanding_++;
@@ -406,15 +405,7 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       if (current) {
         slot.last_progress = now;
         slot.doubted = false;
-        // Throughput while busy: bytes completed over at least kRateSample
-        // of time with chunks in flight (a path's idle gaps never count).
-        slot.busy_bytes += c->length;
-        const double busy = seconds(now - slot.busy_mark);
-        if (busy >= kRateSample) {
-          slot.throughput = ewma(slot.throughput, slot.busy_bytes / busy);
-          slot.busy_mark = now;
-          slot.busy_bytes = 0;
-        }
+        slot.rate.completed(c->length, now);
       }
       slot.confirmUpTo(c->posted);
       slot.completion = ewma(slot.completion, seconds(now - c->posted));
@@ -1021,9 +1012,7 @@ void Engine::onPathUp(int peer, int transport_path) {
       slot.hunt.slow_for = 0;
       slot.route = std::move(slot.hunt.next_route);
       slot.hunt.next_route.clear();
-      slot.throughput = 0;
-      slot.busy_bytes = 0;
-      slot.busy_mark = Clock::time_point{};
+      slot.rate.reset();
     } else {
       slot.reconnects++;
     }
@@ -1126,7 +1115,7 @@ BusyPath Engine::busyPath(const Peer& p, const PathSlot& s, Clock::time_point no
       p.back_at, s.inflight > 0 ? s.last_progress : (s.unconfirmed.empty() ? now : s.unconfirmed.front().at));
   b.stalled = seconds(now - since);
   b.chunk_bytes = static_cast<double>(config_.chunk_size);
-  b.throughput = s.throughput;
+  b.throughput = s.rate.value();
   b.rtt = s.rtt;
   b.heard_since = p.last_heard > since && seconds(now - p.last_heard) <= p.lately;
   b.doubted = s.doubted;
@@ -1207,7 +1196,7 @@ std::vector<PathStats> Engine::pathStats() const {
       st.chunks_received = s.chunks_received;
       st.errors = s.errors;
       st.resent = s.resent;
-      st.throughput = s.throughput;
+      st.throughput = s.rate.value();
       st.completion_time = s.completion;
       st.rtt = s.rtt;
       out.push_back(st);

@@ -13,8 +13,9 @@
 //             aborts, barrier tokens), matched by (type, seq, sub).
 //   failover  a chunk flushed by a failed path is re-assigned to a live one;
 //             the receiver counts it once even if both copies land.
-//   monitor   (monitor.cc) per-path throughput, chunk completion time,
-//             probe RTT; a path that holds chunks or control messages
+//   monitor   (monitor.cc) per-path throughput (rate_estimate.h: what
+//             the scheduler plans with, and for how long), chunk completion
+//             time, probe RTT; a path that holds chunks or control messages
 //             without progress is judged by path_health.h (closed once the
 //             network provably drops its bytes, at path_timeout at the
 //             latest), and an idle one whose probe stays unanswered for

@@ -17,6 +17,7 @@
 
 #include "multipath/engine.h"
 #include "multipath/path_health.h"
+#include "multipath/rate_estimate.h"
 #include "multipath/reassembler.h"
 #include "multipath/scheduler.h"
 
@@ -48,7 +49,6 @@ struct Engine::SentControl {
 };
 
 namespace detail {
-constexpr double kRateSample = 0.004;    // seconds: the shortest busy interval a throughput sample covers
 constexpr double kMinDoubtWindow = 0.5;  // seconds: a floor for scheduling noise on a loaded host, and for TCP's own recovery
 constexpr double kBusyTick = 0.025;       // seconds between the monitor's looks while chunks are in flight
 // A path with this many control messages unconfirmed is probed: the pong
@@ -91,9 +91,7 @@ struct Engine::PathSlot {
   // Monitor.
   Clock::time_point last_progress{};
   double completion = 0;     // EWMA seconds per chunk
-  double throughput = 0;     // EWMA bytes/s while busy
-  Clock::time_point busy_mark{};  // start of the current throughput sample (chunks in flight since)
-  uint64_t busy_bytes = 0;        // bytes completed since busy_mark
+  RateEstimate rate;         // throughput while busy
   double rtt = 0;            // EWMA probe RTT
   Clock::time_point ping_sent{};
   bool ping_outstanding = false;

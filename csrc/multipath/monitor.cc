@@ -109,7 +109,7 @@ bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resum
         PathSlot& s = p.paths[i];
         samples[i].busy = s.inflight > 0 || s.bytes_sent != s.tick_bytes;
         samples[i].usable = s.up && !s.doubted && !s.hunt.active;
-        samples[i].throughput = s.throughput;
+        samples[i].throughput = s.rate.value();
         s.tick_bytes = s.bytes_sent;
         states[i] = s.hunt;
         // A re-opening the opener announced but never made (it failed):

@@ -128,8 +128,10 @@ class Adaptive : public Scheduler {
       }
     const double mean = measured ? sum / measured : 0;
     auto finish = [&](int p) {  // when p would finish one more chunk, in chunk times at rate 1 if none is measured
-      double rate = paths[p].throughput > 0 ? paths[p].throughput : mean;
-      return (paths[p].inflight + 1) * (rate > 0 ? static_cast<double>(chunk_bytes) / rate : 1.0);
+      const double rate = paths[p].throughput > 0 ? paths[p].throughput : mean;
+      if (rate <= 0) return paths[p].inflight + 1.0;
+      const double one = static_cast<double>(chunk_bytes) / rate;
+      return held(paths[p], one) + one;
     };
     int best = kNoPath;
     if (offer >= 0) {
@@ -148,6 +150,16 @@ class Adaptive : public Scheduler {
   }
 
  private:
+  // The time a path needs to finish the chunks it holds, `one` seconds each:
+  // less what its first one has been in progress (since the last completion,
+  // or the post that made the path busy). A chunk later than its own time
+  // counts as done, not as more: the tail of one step's chunks is then seen
+  // to end sooner than a whole chunk on another path, and the next step's
+  // chunks spread over the paths instead of doubling up on an idle one.
+  static double held(const PathView& v, double one) {
+    return std::max(0.0, v.inflight * one - std::min(v.stalled, one));
+  }
+
   // Whether the other paths, each pulling as its in-flight chunks complete,
   // would finish all `queued` chunks strictly before t, when path p would
   // finish one more.
@@ -162,8 +174,9 @@ class Adaptive : public Scheduler {
       // link cut) is not counted on, whatever its rate was.
       const double expected = v.inflight * len / v.throughput;
       if (v.inflight > 0 && v.stalled > std::max(0.05, 4 * expected)) continue;
-      // Its k-th new chunk completes at (inflight + k) * len / rate.
-      could += std::max(0.0, std::ceil(t * v.throughput / len - v.inflight) - 1);
+      // Its k-th new chunk completes at held + k * len / rate.
+      const double one = len / v.throughput;
+      could += std::max(0.0, std::ceil((t - held(v, one)) / one) - 1);
     }
     return could >= static_cast<double>(queued);
   }
