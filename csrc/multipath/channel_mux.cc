@@ -161,6 +161,12 @@ void ChannelMux::pathMoving(int peer, int path, bool moving, const std::string& 
     deliver(c, peer, [&](ChannelSink* s, int r) { s->onPathMoving(r, path, moving, route); });
 }
 
+int ChannelMux::inflight(int peer, int path) {
+  int n = 0;
+  for (uint32_t c = 1; c < kMaxChannels; ++c) deliver(c, peer, [&](ChannelSink* s, int r) { n += s->inflightOn(r, path); });
+  return n;
+}
+
 void ChannelMux::onPathError(int peer, int path, const std::string& what) {
   for (uint32_t c = 0; c < kMaxChannels; ++c)
     deliver(c, peer, [&](ChannelSink* s, int r) { s->onPathError(r, path, what); });

@@ -40,6 +40,9 @@ class ChannelSink : public transport::CompletionSink {
   // hunting; `route`: its next core hop if known) -- drain it, and count its
   // return as a hunt -- or (moving false) gave that up.
   virtual void onPathMoving(int peer, int path, bool moving, const std::string& route) = 0;
+  // Chunks this group has in flight on path `path` to `peer` (a rank of the
+  // group): the owner waits for every group's before it swaps a connection.
+  virtual int inflightOn(int peer, int path) = 0;
 };
 
 class ChannelMux : public transport::CompletionSink {
@@ -70,6 +73,9 @@ class ChannelMux : public transport::CompletionSink {
   void pairFailed(int peer, const std::string& why);
   // The owner is re-opening a path to transport peer `peer` (or gave up).
   void pathMoving(int peer, int path, bool moving, const std::string& route);
+  // Chunks the groups on the paths (channel 0, the owner, excluded) have in
+  // flight on path `path` to transport peer `peer`.
+  int inflight(int peer, int path);
 
   // CompletionSink (from the transport)
   void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) override;

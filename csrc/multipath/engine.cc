@@ -1009,6 +1009,7 @@ void Engine::onPathUp(int peer, int transport_path) {
       // route; its throughput is measured anew.
       slot.hunt.active = false;
       slot.hunt.hunts++;
+      slot.hunt.reopened = Clock::now();
       slot.hunt.slow_for = 0;
       slot.route = std::move(slot.hunt.next_route);
       slot.hunt.next_route.clear();

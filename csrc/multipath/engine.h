@@ -288,6 +288,7 @@ class Engine : public ChannelSink {
   void onPairUp(int peer) override;
   void onPairFailed(int peer, const std::string& why) override;
   void onPathMoving(int peer, int path, bool moving, const std::string& route) override;
+  int inflightOn(int peer, int path) override;
 
  private:
   struct PathSlot;
@@ -324,6 +325,9 @@ class Engine : public ChannelSink {
   };
   void queueHunt(HuntJob job);
   void runHunt(const HuntJob& job);
+  // Whether path `id` to `peer` is being re-opened, or was less than
+  // hunt_interval ago: another hunter's verdict on it is then not acted on.
+  bool movedLately(int peer, int id);
   // The opener: drain path `id`, re-open it from `port` (0: any new one).
   void reopenPath(int peer, int id, uint16_t port, const std::string& route);
   // Probe each candidate's route: ours towards the peer (the opener's

@@ -44,6 +44,7 @@ struct HuntState {
   Clock::time_point last{};  // the last re-opening decided
   int streak = 0;            // re-openings without a fine interval between them
   uint64_t hunts = 0;        // re-openings done (path_stats)
+  Clock::time_point reopened{};  // the last re-opening done, whichever side or group decided it
   // Being re-opened: no new chunks; set on the opener while it drains and
   // swaps, on the acceptor from the opener's notice until the new
   // connection arrives (or `since` + a few seconds, if it never does).

@@ -74,9 +74,28 @@ std::vector<std::string> Engine::probeCandidates(int peer, int id, const std::ve
   return hops;
 }
 
+bool Engine::movedLately(int peer, int id) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  const int slot = slotOf(p, id);
+  if (slot < 0) return false;
+  const HuntState& h = p.paths[slot].hunt;
+  return h.active || (h.hunts > 0 && seconds(Clock::now() - h.reopened) < config_.hunt_interval);
+}
+
 void Engine::runHunt(const HuntJob& job) {
   const int peer = job.peer, id = job.id;
   const bool predict = config_.discovery == "ttl";
+  // Each hunter keeps its own pace (hunter.h), and the two ends of a path,
+  // and every group on shared paths, each have one: a path that is slow both
+  // ways is judged on both sides at once. The first verdict moves it; the
+  // others, within hunt_interval, would move the new connection before
+  // anyone has measured it.
+  if ((job.kind == HuntJob::kSlow || job.kind == HuntJob::kAsked) && movedLately(peer, id)) {
+    MAESTRO_INFO("path hunting: path ", id, " to rank ", peer, " was re-opened less than ", config_.hunt_interval,
+                 " s ago; it stays");
+    return;
+  }
   switch (job.kind) {
     case HuntJob::kSlow: {
       bool opener;
@@ -195,15 +214,21 @@ void Engine::reopenPath(int peer, int id, uint16_t port, const std::string& rout
   }
   notify();
   mux_->pathMoving(peer, id, true, route);  // the groups on shared paths drain it too
-  // What is in flight completes on the old route (bounded: a write stuck
-  // there comes back flushed when the connection is replaced, and moves).
+  // What is in flight completes on the old route -- this group's and that
+  // of every group on the shared paths: the notice above is queued behind
+  // all of it, and a connection swapped before the notice arrives is a
+  // failure to the acceptor (bounded: a write stuck there comes back
+  // flushed when the connection is replaced, and moves).
   const auto drain_until = Clock::now() + std::chrono::seconds(1);
   while (Clock::now() < drain_until && !stopping_) {
+    bool ours_done;
     {
       std::lock_guard<std::mutex> lock(p.mu);
       int slot_index = slotOf(p, id);
-      if (slot_index < 0 || p.paths[slot_index].inflight == 0 || !p.paths[slot_index].up) break;
+      if (slot_index < 0 || !p.paths[slot_index].up) break;
+      ours_done = p.paths[slot_index].inflight == 0;
     }
+    if (ours_done && mux_->inflight(peer, id) == 0) break;  // (without our lock: the groups take theirs)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(

@@ -229,6 +229,13 @@ void Engine::onPathMoving(int peer, int transport_path, bool moving, const std::
   notify();
 }
 
+int Engine::inflightOn(int peer, int transport_path) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  const int slot_index = slotOf(p, transport_path);
+  return slot_index < 0 ? 0 : p.paths[slot_index].inflight;
+}
+
 void Engine::onPairFailed(int peer, const std::string& why) {
   Peer& p = *peers_[peer];
   {

@@ -44,6 +44,7 @@ class Recorder : public ChannelSink {
   void onPathMoving(int peer, int path, bool moving, const std::string&) override {
     if (moving) add([&] { r_.moving.emplace_back(peer, path); });
   }
+  int inflightOn(int, int) override { return 0; }
 
   template <typename Pred>
   bool waitFor(Pred pred) {

@@ -120,16 +120,11 @@ TEST(SharedPathsHunting, ASubgroupsHunterHandsASlowPathToItsOwner) {
   // the subgroup's chunks over the slow path: what its hunter judged.
   EXPECT_GT(statsOf(*g[1], 0, slow_path).chunks_sent, 0u) << g[1]->pathTable();
 
-  // The owner re-opened the path: a new connection from another port...
-  // At least once, and only the opener's side is held to "a hunt, not a
-  // failure": the owner drains only its own chunks before it swaps the
-  // connection, not those of the groups on the path, so on a slow path its
-  // notice can reach the other side after the new connection does; that
-  // side then counts a failure, and its hunter, still holding the old
-  // connection's rate, may ask for the path once more.
+  // The owner re-opened the path, once: a new connection from another port...
   const auto moved = statsOf(owner, 1, slow_path);
   ASSERT_GE(moved.hunts, 1u) << "the owner did not re-open the path the subgroup found slow:\n"
                              << owner.pathTable() << g[1]->pathTable();
+  EXPECT_EQ(1u, moved.hunts) << "re-opened again within hunt_interval:\n" << owner.pathTable();
   EXPECT_NE(before, moved.description);
   EXPECT_EQ(0u, moved.errors) << "a re-opening counted as a failure:\n" << owner.pathTable();
   EXPECT_EQ(0u, moved.reconnects) << owner.pathTable();
@@ -145,6 +140,23 @@ TEST(SharedPathsHunting, ASubgroupsHunterHandsASlowPathToItsOwner) {
   EXPECT_GE(followed.hunts, 1u) << g[1]->pathTable();
   EXPECT_EQ("up", followed.state) << g[1]->pathTable();
   EXPECT_EQ(0u, followed.reconnects) << g[1]->pathTable();
+  // The far side -- the default group and the subgroup on world rank 1 --
+  // counts it as a hunt too, not a failure: the owner swapped the
+  // connection only once every group's chunks on it had completed, so its
+  // notice, queued behind them, arrived before the new connection did.
+  // (Draining only its own chunks, the owner swapped at once on this slow
+  // path; the far side then saw the old connection close as a failure,
+  // resent its chunks, and asked for the path again.)
+  const auto until_far = after(10);
+  while (Clock::now() < until_far && (statsOf(*w[1], 0, slow_path).hunts == 0 || statsOf(*g[0], 1, slow_path).hunts == 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (Engine* far : {w[1].get(), g[0].get()}) {
+    const auto s = statsOf(*far, far == w[1].get() ? 0 : 1, slow_path);
+    EXPECT_EQ(1u, s.hunts) << far->pathTable();
+    EXPECT_EQ(0u, s.errors) << "the re-opening was a failure on the far side:\n" << far->pathTable();
+    EXPECT_EQ(0u, s.reconnects) << far->pathTable();
+    EXPECT_EQ(0u, s.resent) << far->pathTable();
+  }
   // And the re-opened path carries the subgroup's chunks again.
   const uint64_t sent = statsOf(*g[1], 0, slow_path).chunks_sent;
   errors = runRanks(n, [&](int r) {
