@@ -1,6 +1,7 @@
 #include "multipath/path_health.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/error.h"
 
@@ -19,6 +20,13 @@ double noAckLimit(const transport::PathDelivery& d) { return std::max(kNoAckFloo
 
 double resendLimit(const transport::PathDelivery& d) { return std::max(kResendFloor, 4 * d.rtt); }
 
+uint32_t deadTimeouts(const transport::PathDelivery& d) {
+  if (d.loss <= 0) return kDeadTimeouts;
+  if (d.loss >= 1) return kMaxDeadTimeouts;
+  const double k = std::ceil(std::log(kFalseDeath) / std::log(d.loss));
+  return static_cast<uint32_t>(std::clamp(k, double{kDeadTimeouts}, double{kMaxDeadTimeouts}));
+}
+
 namespace {
 std::string held(const BusyPath& p) {
   return p.inflight > 0 ? strcat(p.inflight, " chunks") : strcat(p.control, " control messages");
@@ -26,8 +34,9 @@ std::string held(const BusyPath& p) {
 std::string silence(const BusyPath& p, double silent) {
   const transport::PathDelivery& d = p.delivery;
   return strcat("the network has acknowledged none of its bytes for ", static_cast<int>(silent * 1000), " ms (",
-                d.unacked, " segments waiting, RTT ", static_cast<int>(d.rtt * 1e6) / 1000.0, " ms) while it held ",
-                held(p));
+                d.unacked, " segments waiting, RTT ", static_cast<int>(d.rtt * 1e6) / 1000.0, " ms",
+                d.loss > 0 ? strcat(", ", static_cast<int>(d.loss * 1000) / 10.0, " % of its segments resent before") : "",
+                ") while it held ", held(p));
 }
 }  // namespace
 
@@ -51,12 +60,13 @@ Verdict judgeBusyPath(const BusyPath& p) {
   const double silent = std::min(p.stalled, d.since_ack);
   if (d.unacked == 0 || p.stalled <= kStallFloor || silent <= noAckLimit(d)) return {};
   // TCP's own recovery -- a tail-loss probe, then retransmission timeouts
-  // -- has resent twice, and the last resend too has had no answer for a
-  // few round trips: dead. (A live path on a badly congested link loses a
-  // whole flight, its tail-loss probe and now and then a timeout's resend;
-  // not two in a row, backed off.) Silent past kNoAckDead: dead whatever
-  // TCP did.
-  const bool resends_lost = d.timeouts >= kDeadTimeouts && d.since_send > resendLimit(d);
+  // -- has resent deadTimeouts() times in a row, and the last resend too has
+  // had no answer for a few round trips: dead. (A live path on a congested
+  // link loses a whole flight, its tail-loss probe and now and then a
+  // timeout's resend; several in a row, backed off, only where it loses
+  // many segments anyway, and there more are required.) Silent past
+  // kNoAckDead: dead whatever TCP did.
+  const bool resends_lost = d.timeouts >= deadTimeouts(d) && d.since_send > resendLimit(d);
   if (resends_lost || silent > kNoAckDead)
     return {Health::kDead, silence(p, silent) + (resends_lost ? strcat(", ", d.timeouts, " resends unanswered") : "") +
                                " (blackholed path?)"};

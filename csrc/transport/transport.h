@@ -139,6 +139,7 @@ struct PathDelivery {
   double rtt = 0;              // smoothed round-trip time, seconds
   uint32_t timeouts = 0;       // retransmission timeouts in a row whose resends are not acknowledged yet
   double since_send = 0;       // seconds since the last bytes (new or resent) went out
+  double loss = 0;             // share of the connection's segments it had to resend (0: none, or too few sent to tell)
 };
 
 class Transport {

@@ -117,6 +117,42 @@ TEST(PathHealth, ACongestedPathIsNeverClosedWhileTCPsResendsGetThrough) {
   EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
 }
 
+// The false alarm of the background-traffic run: a path on a link with
+// 150 Mbit/s of UDP and a saturating TCP flow resent 2.8 % of its segments,
+// and TCP lost two timeouts' resends in a row twice in ten minutes. Where a
+// path loses that much, more are required; a clean path dies after two.
+TEST(PathHealth, APathThatLosesManySegmentsNeedsMoreResendsLostToBeDead) {
+  transport::PathDelivery d = tcp(56, 0.26, 0.0059, 0.06);
+  EXPECT_EQ(kDeadTimeouts, deadTimeouts(d));  // clean, or too few segments to tell
+  d.loss = 0.0005;
+  EXPECT_EQ(2u, deadTimeouts(d));
+  d.loss = 0.01;
+  EXPECT_EQ(3u, deadTimeouts(d));
+  d.loss = 0.028;
+  EXPECT_EQ(4u, deadTimeouts(d));
+  d.loss = 0.5;
+  EXPECT_EQ(kMaxDeadTimeouts, deadTimeouts(d));
+
+  BusyPath p = labPath(0.26);
+  p.delivery = tcp(56, 0.26, 0.0059, 0.06);
+  p.delivery.loss = 0.028;
+  Verdict v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kSuspect) << v.why;  // two lost: set aside, not closed
+  EXPECT_NE(v.why.find("2.8 % of its segments resent before"), std::string::npos) << v.why;
+  p.doubted = true;  // set aside and probed; a third lost: still not proven
+  p.delivery.timeouts = 3;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p.delivery.timeouts = 4;  // the fourth resend lost too: dead
+  v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kDead) << v.why;
+  EXPECT_NE(v.why.find("4 resends unanswered"), std::string::npos) << v.why;
+  // Silent past kNoAckDead: dead however lossy the path was.
+  p.delivery.timeouts = 2;
+  p.stalled = 1.1;
+  p.delivery.since_ack = 1.05;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
+}
+
 TEST(PathHealth, AnAcknowledgementOlderThanWhatThePathHoldsIsNotSilence) {
   // An idle path's last ACK is seconds old; a chunk posted 50 ms ago has
   // not been acknowledged yet: not judged. Held 130 ms without an ACK: suspect.

@@ -104,6 +104,10 @@ PathDelivery TcpPath::delivery() const {
   out.rtt = info.tcpi_rtt / 1e6;
   out.timeouts = info.tcpi_retransmits;  // the socket's unanswered timeouts in a row
   out.since_send = info.tcpi_last_data_sent / 1e3;
+  // Over at least kLossSample segments: a young connection's few resends
+  // say little about its route.
+  constexpr double kLossSample = 1000;
+  out.loss = info.tcpi_total_retrans / std::max<double>(kLossSample, info.tcpi_segs_out);
   return out;
 }
 
