@@ -419,7 +419,13 @@ def cmd_loop(args):
             break
     everyone = [None] * n
     dist.all_gather_object(everyone, iters)
-    emit({"world": n, "bytes": elems * 4, "iters": iters, "ranks": everyone})
+    # Why each path that was closed was closed (its last error), and the
+    # loss its connection recovered from: what a false alarm is traced by.
+    closed = [{k: s[k] for k in ("peer", "path", "reconnects", "errors", "last_error", "path_counters")}
+              for s in maestro_torch.path_stats(g) if s["errors"] or s["reconnects"]] if maestro else []
+    closes = [None] * n
+    dist.all_gather_object(closes, closed)
+    emit({"world": n, "bytes": elems * 4, "iters": iters, "ranks": everyone, "closed_paths": closes})
 
 
 def main():

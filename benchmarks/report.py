@@ -588,7 +588,17 @@ def under_load(b: dict) -> str:
             f"background on every spine ({', '.join(f'{m} Mbit/s on spine {sp}' for sp, m in b['udp_mbit'].items())}) "
             f"and saturating TCP on spines {' and '.join(map(str, b['tcp_spines']))}: **{closed} of {paths} paths "
             f"closed**, {len(ops)} operations (median {ops[len(ops) // 2] * 1e3:.0f} ms, slowest "
-            f"{ops[-1] * 1e3:.0f} ms), every result exact: **{all(it['ok'] for r in b['ranks'] for it in r)}**.")
+            f"{ops[-1] * 1e3:.0f} ms), every result exact: **{all(it['ok'] for r in b['ranks'] for it in r)}**."
+            + close_reasons(b))
+
+
+def close_reasons(run: dict) -> str:
+    """Why each path the run closed was closed (the closing side's last error),
+    where the run recorded it."""
+    lines = [f"rank {rank} to rank {c['peer']}, path {c['path']}: {c['last_error']}"
+             for rank, closed in enumerate(run.get("closed_paths") or []) for c in closed
+             if c["last_error"] and "by the peer" not in c["last_error"] and "reset by peer" not in c["last_error"]]
+    return "".join(f"\n- {line}" for line in lines)
 
 
 def paths_closed(run: dict) -> tuple[int, int]:

@@ -244,3 +244,11 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
     assert report.under_load(load).startswith("**False alarms under load**"), report.under_load(load)
     calm = {"ranks": [r1, r1], "udp_mbit": {"0": 100}, "tcp_spines": [1]}
     assert report.under_load(calm).startswith("No false alarm under load: "), report.under_load(calm)
+    # Where the run kept why its paths were closed, the closing side's reason
+    # is listed; the far side's "reset by peer" is not a reason.
+    load["closed_paths"] = [
+        [{"peer": 1, "path": 0, "reconnects": 1, "errors": 1, "last_error": "2 resends unanswered (blackholed path?)"}],
+        [{"peer": 0, "path": 0, "reconnects": 1, "errors": 1, "last_error": "receive failed: Connection reset by peer"}]]
+    text = report.under_load(load)
+    assert text.endswith("\n- rank 0 to rank 1, path 0: 2 resends unanswered (blackholed path?)"), text
+    assert "reset by peer" not in text
