@@ -256,7 +256,8 @@ std::vector<PathView> Engine::views(const Peer& peer) const {
     v[i].inflight = s.inflight + static_cast<int>(s.queue.size());
     v[i].window = config_.window;
     v[i].weight = i < config_.weights.size() ? config_.weights[i] : 1.0;
-    v[i].throughput = s.rate.planned(now);
+    v[i].throughput = s.rate.value();
+    v[i].rate_stale = s.rate.value() > 0 && s.rate.planned(now) == 0;
     v[i].rtt = s.rtt;
     v[i].stalled = s.inflight > 0 ? seconds(now - s.last_progress) : 0.0;
   }

@@ -12,8 +12,9 @@
 // sample were those of a chunk that was slow for once (a connection's slow
 // start, a queue). Such samples made equal paths look two times apart.
 //
-// Why estimates age: the adaptive scheduler plans with them, and a path
-// gets new samples only while it carries chunks. An estimate that makes a
+// Why estimates age: the adaptive policies plan with them, and a path
+// gets new samples only while it carries chunks (weighted shares give every
+// path chunks, and plan with value() whatever its age). An estimate that makes a
 // path look slow would keep the path idle, and the estimate unchanged, for
 // good: on the lab, one slow first chunk kept a path out of a 256 KiB
 // allgather's traffic for a whole run. So an estimate is planned with for
@@ -49,7 +50,8 @@ class RateEstimate {
   // The last estimate, bytes/s, however old (0: never measured): for
   // statistics and for rules that judge the path's own recent traffic.
   double value() const { return rate_; }
-  // The estimate to plan with at `now`: value() while fresh, else 0.
+  // The estimate the adaptive policies plan with at `now`: value() while
+  // fresh, else 0.
   double planned(Clock::time_point now) const;
 
  private:

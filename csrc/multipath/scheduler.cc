@@ -122,15 +122,15 @@ class Adaptive : public Scheduler {
     double sum = 0;
     int measured = 0;
     for (const auto& v : paths)
-      if (v.up && v.throughput > 0) {
-        sum += v.throughput;
+      if (v.up && rate(v) > 0) {
+        sum += rate(v);
         ++measured;
       }
     const double mean = measured ? sum / measured : 0;
     auto finish = [&](int p) {  // when p would finish one more chunk, in chunk times at rate 1 if none is measured
-      const double rate = paths[p].throughput > 0 ? paths[p].throughput : mean;
-      if (rate <= 0) return paths[p].inflight + 1.0;
-      const double one = static_cast<double>(chunk_bytes) / rate;
+      const double r = rate(paths[p]) > 0 ? rate(paths[p]) : mean;
+      if (r <= 0) return paths[p].inflight + 1.0;
+      const double one = static_cast<double>(chunk_bytes) / r;
       return held(paths[p], one) + one;
     };
     int best = kNoPath;
@@ -143,13 +143,16 @@ class Adaptive : public Scheduler {
       }
     }
     if (best < 0) return kNoPath;
-    if (paths[best].throughput > 0 && othersFinishFirst(paths, best, finish(best), queued, chunk_bytes))
+    if (rate(paths[best]) > 0 && othersFinishFirst(paths, best, finish(best), queued, chunk_bytes))
       return kNoPath;
     cursor_ = (best + 1) % n;
     return best;
   }
 
  private:
+  // The rate planned with: none while the estimate is stale.
+  static double rate(const PathView& v) { return v.rate_stale ? 0.0 : v.throughput; }
+
   // The time a path needs to finish the chunks it holds, `one` seconds each:
   // less what its first one has been in progress (since the last completion,
   // or the post that made the path busy). A chunk later than its own time
@@ -169,13 +172,13 @@ class Adaptive : public Scheduler {
     double could = 0;
     for (size_t q = 0; q < paths.size(); ++q) {
       const PathView& v = paths[q];
-      if (static_cast<int>(q) == p || !v.up || v.throughput <= 0) continue;
+      if (static_cast<int>(q) == p || !v.up || rate(v) <= 0) continue;
       // A path that has completed nothing for a while (blackholed, or its
       // link cut) is not counted on, whatever its rate was.
-      const double expected = v.inflight * len / v.throughput;
+      const double expected = v.inflight * len / rate(v);
       if (v.inflight > 0 && v.stalled > std::max(0.05, 4 * expected)) continue;
       // Its k-th new chunk completes at held + k * len / rate.
-      const double one = len / v.throughput;
+      const double one = len / rate(v);
       could += std::max(0.0, std::ceil((t - held(v, one)) / one) - 1);
     }
     return could >= static_cast<double>(queued);

@@ -26,6 +26,10 @@ struct PathView {
   int window = 8;           // chunks the path may hold
   double weight = 1.0;      // configured relative weight (policy=weighted)
   double throughput = 0.0;  // measured bytes/s while busy, 0 = not measured yet
+  // The estimate is older than the adaptive policies plan with
+  // (rate_estimate.h): they count the path as not measured. Weighted
+  // shares keep using it: every path gets its share, so none is locked out.
+  bool rate_stale = false;
   double rtt = 0.0;         // measured seconds, 0 = not measured yet
   double stalled = 0.0;     // seconds since the last completion while chunks are in flight (0 when idle)
 };
