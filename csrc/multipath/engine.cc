@@ -257,7 +257,7 @@ std::vector<PathView> Engine::views(const Peer& peer) const {
     v[i].window = config_.window;
     v[i].weight = i < config_.weights.size() ? config_.weights[i] : 1.0;
     v[i].throughput = s.rate.value();
-    v[i].rate_stale = s.rate.value() > 0 && s.rate.planned(now) == 0;
+    v[i].rate_stale = s.rate.stale(now);
     v[i].rtt = s.rtt;
     v[i].stalled = s.inflight > 0 ? seconds(now - s.last_progress) : 0.0;
   }

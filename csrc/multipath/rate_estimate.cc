@@ -22,9 +22,7 @@ void RateEstimate::completed(uint64_t bytes, Clock::time_point now) {
   chunks_ = 0;
 }
 
-double RateEstimate::planned(Clock::time_point now) const {
-  return rate_ > 0 && seconds(now - sampled_) < kStale ? rate_ : 0.0;
-}
+bool RateEstimate::stale(Clock::time_point now) const { return rate_ > 0 && seconds(now - sampled_) >= kStale; }
 
 }  // namespace multipath
 }  // namespace maestro

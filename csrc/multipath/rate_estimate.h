@@ -50,9 +50,10 @@ class RateEstimate {
   // The last estimate, bytes/s, however old (0: never measured): for
   // statistics and for rules that judge the path's own recent traffic.
   double value() const { return rate_; }
-  // The estimate the adaptive policies plan with at `now`: value() while
-  // fresh, else 0.
-  double planned(Clock::time_point now) const;
+  // Whether there is an estimate and it is too old to plan with at `now`
+  // (kStale after its last sample): the adaptive policies then count the
+  // path as not measured.
+  bool stale(Clock::time_point now) const;
 
  private:
   double rate_ = 0;
