@@ -43,7 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // is failed); otherwise it becomes a whole header of a known type.
   if (msg.empty() || msg[0] != 0xEE) {
     if (msg.empty()) msg.push_back(1);
-    msg[0] = static_cast<uint8_t>(1 + msg[0] % 15);  // kDesc .. kHuntPick
+    msg[0] = static_cast<uint8_t>(1 + msg[0] % 16);  // kDesc .. kFence
     if (msg.size() < 16) msg.resize(16, 0);
   }
   if (msg.size() >= 16 && msg[1] != 0xEE) {  // near operations but for 0xEE: far ones end the group

@@ -60,6 +60,10 @@ class ChannelTransport : public transport::Transport {
     t_.postSend(at(peer), path, copy, length);
   }
   void closePath(int peer, int path, const std::string& why) override { t_.closePath(at(peer), path, why); }
+  // A fence takes back every group's writes on the path (each group hears of
+  // its own through the mux) and holds back every group's until the mark.
+  uint64_t withdrawWrites(int peer, int path) override { return t_.withdrawWrites(at(peer), path); }
+  void dropWritesUntil(int peer, int path, uint64_t mark) override { t_.dropWritesUntil(at(peer), path, mark); }
   void shutdown() override {}  // the paths outlive the group: the owner shuts them down
 
  private:
@@ -134,6 +138,12 @@ void ChannelMux::onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) {
   const auto channel = static_cast<uint32_t>(wr_id >> kWrIdChannelShift);
   const uint64_t id = wr_id & ((uint64_t{1} << kWrIdChannelShift) - 1);
   deliver(channel, peer, [&](ChannelSink* s, int r) { s->onWriteComplete(r, path, id, ok); });
+}
+
+void ChannelMux::onWriteWithdrawn(int peer, int path, uint64_t wr_id) {
+  const auto channel = static_cast<uint32_t>(wr_id >> kWrIdChannelShift);
+  const uint64_t id = wr_id & ((uint64_t{1} << kWrIdChannelShift) - 1);
+  deliver(channel, peer, [&](ChannelSink* s, int r) { s->onWriteWithdrawn(r, path, id); });
 }
 
 void ChannelMux::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {

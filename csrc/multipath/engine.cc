@@ -405,7 +405,10 @@ void Engine::onWriteComplete(int peer, int transport_path, uint64_t wr_id, bool 
       slot.chunks_sent++;
       if (current) {
         slot.last_progress = now;
-        slot.doubted = false;
+        // A write that completes says the path works -- unless its chunks
+        // were withdrawn since: then it was acknowledged before the silence
+        // that set the path aside, and only the probe's answer tells.
+        if (slot.fenced == 0) slot.doubted = false;
         slot.rate.completed(c->length, now);
       }
       slot.confirmUpTo(c->posted);
@@ -818,6 +821,7 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         }
         if (slot.doubted) {
           slot.doubted = false;  // it answers: a notice about an older connection, or a delayed ACK
+          slot.fenced = 0;       // and what it held has arrived (or was dropped): the pong came after it
           MAESTRO_INFO("path ", slot_index, " to rank ", peer, " answers its probe: back in use");
           pumpAll(p);
         }
@@ -839,6 +843,11 @@ void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
         if (close) mesh_.transport->closePath(peer, static_cast<int>(h.sub), "the peer found this path dead");
         return;
       }
+      case ControlType::kFence:
+        // Our peer withdrew its writes on path <sub> up to mark <seq> and
+        // sends them again on the path this came on (and others), after this.
+        mesh_.transport->dropWritesUntil(peer, static_cast<int>(h.sub), h.seq);
+        return;
       case ControlType::kBye: {
         std::lock_guard<std::mutex> lock(p.mu);
         p.left = true;
@@ -1019,8 +1028,13 @@ void Engine::onPathUp(int peer, int transport_path) {
       slot.reconnects++;
     }
     slot.inflight = 0;  // the old connection flushed everything it held
+    slot.fenced = 0;
     slot.last_progress = Clock::now();
     slot.ping_outstanding = false;
+    // Chunks withdrawn from a path still set aside may come here: the peer
+    // hears of that fence on this path first.
+    for (const PathSlot& s : p.paths)
+      if (s.fenced > 0 && s.up) sendFence(p, slot, s);
     if (hunted) MAESTRO_INFO("path ", path, " to rank ", peer, " re-opened on another route",
                              slot.route.empty() ? std::string() : strcat(" (via ", slot.route, ")"));
     else MAESTRO_INFO("path ", path, " to rank ", peer, " is up again");
@@ -1109,12 +1123,12 @@ void Engine::resendUnconfirmed(Peer& p, PathSlot& slot) {
 
 BusyPath Engine::busyPath(const Peer& p, const PathSlot& s, Clock::time_point now) const {
   BusyPath b;
-  b.inflight = s.inflight;
+  b.inflight = s.inflight + s.fenced;
   b.control = static_cast<int>(s.unconfirmed.size());
   // Held since: the last completion (or the post that made it busy); with
   // no chunk, its oldest control message not known to have arrived.
   const Clock::time_point since = std::max(
-      p.back_at, s.inflight > 0 ? s.last_progress : (s.unconfirmed.empty() ? now : s.unconfirmed.front().at));
+      p.back_at, b.inflight > 0 ? s.last_progress : (s.unconfirmed.empty() ? now : s.unconfirmed.front().at));
   b.stalled = seconds(now - since);
   b.chunk_bytes = static_cast<double>(config_.chunk_size);
   b.throughput = s.rate.value();
@@ -1158,6 +1172,67 @@ void Engine::doubt(Peer& p, int path, const std::string& why) {
   // duplicates are harmless (control messages are idempotent by key).
   requeue(p, slot);
   resendUnconfirmed(p, slot);
+  fence(p, path);
+}
+
+void Engine::fence(Peer& p, int path) {
+  PathSlot& slot = p.paths[path];
+  if (slot.inflight == 0) return;
+  // Only where they can go: with no other path in use they stay (and the
+  // path keeps carrying traffic, see Peer::usable()).
+  bool elsewhere = false;
+  for (size_t i = 0; i < p.paths.size(); ++i)
+    elsewhere = elsewhere || (static_cast<int>(i) != path && p.paths[i].up && !p.paths[i].doubted &&
+                              !p.paths[i].hunt.active);
+  if (!elsewhere) return;
+  // The chunks in flight come back as withdrawn (onWriteWithdrawn) and are
+  // sent again on the other paths, after the notice to drop the originals,
+  // which goes first on each of them: the peer reads it before any copy, so
+  // an original that still arrives (the path was only slow) lands before the
+  // copy -- same bytes, same place, counted once -- or is dropped, never
+  // after the copy, when the place may hold the next message's bytes.
+  const uint64_t mark = mesh_.transport->withdrawWrites(p.rank, slot.id);
+  if (mark == 0) return;  // the transport cannot: they move once the path is closed
+  slot.fenced = slot.inflight;
+  slot.fence_mark = mark;
+  MAESTRO_INFO("path ", path, " to rank ", p.rank, ": its ", slot.inflight,
+               " chunks in flight are sent again on the other paths");
+  for (const PathSlot& s : p.paths)
+    if (&s != &slot && s.up) sendFence(p, s, slot);
+}
+
+void Engine::sendFence(Peer& p, const PathSlot& via, const PathSlot& fenced) {
+  ControlHeader h{};
+  h.type = static_cast<uint8_t>(ControlType::kFence);
+  h.sub = static_cast<uint32_t>(fenced.id);
+  h.seq = fenced.fence_mark;
+  try {
+    mesh_.transport->postSend(p.rank, via.id, &h, sizeof h);
+  } catch (const Error&) {
+    // A dead path: no copy goes there either.
+  }
+}
+
+void Engine::onWriteWithdrawn(int peer, int transport_path, uint64_t wr_id) {
+  (void)transport_path;
+  auto* c = reinterpret_cast<ChunkDesc*>(wr_id);
+  SendOp* op = c->op;
+  Peer& p = *peers_[peer];
+  bool finished = false;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    PathSlot& slot = p.paths[c->path];
+    if (c->generation == slot.generation) slot.inflight--;
+    op->outstanding_--;
+    if (!op->failed()) {
+      slot.resent++;
+      enqueue(p, c);
+    }
+    finished = op->failed() && op->outstanding_ == 0;
+    if (finished) p.sending.erase(op);  // may free op (and c)
+    pumpAll(p);
+  }
+  if (finished) notify();
 }
 
 void Engine::requeue(Peer& p, PathSlot& slot) {

@@ -75,6 +75,9 @@ enum class ControlType : uint8_t {
   kHuntAsk = 13,    // acceptor -> opener: path <sub> is slow towards you: offer me source ports
   kHuntOffer = 14,  // opener -> acceptor: candidate source ports (uint16 each), reserved for a while
   kHuntPick = 15,   // acceptor -> opener: re-open from this port (uint16; 0: none goes elsewhere)
+  // "I took back my writes on path <sub> up to mark <seq> and send them again
+  // elsewhere: drop the rest of them" (Transport::withdrawWrites()).
+  kFence = 16,
 };
 
 // A point-to-point control message as it arrived.
@@ -284,6 +287,7 @@ class Engine : public ChannelSink {
   void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
   void onPathError(int peer, int path, const std::string& what) override;
   void onPathUp(int peer, int path) override;
+  void onWriteWithdrawn(int peer, int path, uint64_t wr_id) override;
   // ChannelSink
   void onPairUp(int peer) override;
   void onPairFailed(int peer, const std::string& why) override;
@@ -307,6 +311,8 @@ class Engine : public ChannelSink {
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void doubt(Peer& peer, int slot, const std::string& why);        // peer.mu held: set aside and probed
   void requeue(Peer& peer, PathSlot& slot);  // peer.mu held: what waits on the path moves to its siblings
+  void fence(Peer& peer, int slot);          // peer.mu held: what is in flight on it moves too, if it can
+  void sendFence(Peer& peer, const PathSlot& via, const PathSlot& fenced);  // peer.mu held
   double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
   void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held

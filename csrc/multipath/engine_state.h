@@ -79,6 +79,13 @@ struct Engine::PathSlot {
   // most path_timeout).
   bool doubted = false;
   Clock::time_point doubted_since{};
+  // Set aside while it held chunks, on a transport that fences (TCP): its
+  // chunks were withdrawn and sent again elsewhere, and the peer told to
+  // drop them up to `fence_mark`. It still counts `fenced` chunks held for
+  // the monitor, which judges it by its own traffic as before (closed once
+  // the network shows its bytes are lost); its probe's answer clears it.
+  int fenced = 0;
+  uint64_t fence_mark = 0;
   std::string description;
   std::string last_error;
   std::string route;

@@ -140,7 +140,7 @@ bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resum
       // not acknowledged (asked outside this lock), or, where it cannot
       // tell, set aside and probed; and at path_timeout whatever else.
       Verdict busy;
-      if (s.inflight > 0 || !s.unconfirmed.empty()) {
+      if (s.inflight > 0 || s.fenced > 0 || !s.unconfirmed.empty()) {
         busy_paths = true;
         const BusyPath b = busyPath(p, s, now);
         busy = judgeBusyPath(b);
@@ -151,7 +151,7 @@ bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resum
         to_close.emplace_back(s.id, busy.why);
       // (Its probe counts as unanswered only while the peer answers
       // elsewhere: a peer silent everywhere is judgePeer()'s.)
-      else if (s.doubted && seconds(now - std::max(s.doubted_since, p.back_at)) > doubtWindow(s) &&
+      else if (s.doubted && s.fenced == 0 && seconds(now - std::max(s.doubted_since, p.back_at)) > doubtWindow(s) &&
                p.last_heard > s.doubted_since)
         to_close.emplace_back(s.id, strcat("it was set aside as dead and has not answered a probe for ",
                                            doubtWindow(s), " s"));
@@ -207,13 +207,21 @@ bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resum
   // The stalled paths, with what the network acknowledged of their bytes.
   for (Judged& j : to_judge) {
     j.path.delivery = mesh_.transport->delivery(peer, j.id);
-    const Verdict v = judgeBusyPath(j.path);
+    Verdict v = judgeBusyPath(j.path);
+    if (v.health == Health::kFine && j.path.doubted) {
+      // Set aside before its chunks stalled (for control messages, or on
+      // the peer's word): they move now all the same, as a suspect's do.
+      BusyPath fresh = j.path;
+      fresh.doubted = false;
+      if (judgeBusyPath(fresh).health == Health::kSuspect) v.health = Health::kSuspect;
+    }
     if (v.health == Health::kFine) continue;
     std::lock_guard<std::mutex> lock(p.mu);
     PathSlot& s = p.paths[j.slot];
     if (s.id != j.id || !s.up || busyPath(p, s, now).stalled < j.path.stalled) continue;  // it moved on meanwhile
     if (v.health == Health::kDead) to_close.emplace_back(j.id, v.why);
     else if (!s.doubted) doubt(p, j.slot, strcat("path ", j.slot, " to rank ", peer, ": ", v.why));
+    else if (s.fenced == 0) fence(p, j.slot);
   }
   for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
   for (int id : to_ping) sendPing(peer, id);

@@ -93,6 +93,10 @@ class CompletionSink {
   // start-up, and for a path that failed to connect then): the path is
   // (again) usable.
   virtual void onPathUp(int peer, int path) {}
+  // Sender side: the write was taken back by Transport::withdrawWrites()
+  // (its path stays open); it completes no other way. By default, as if
+  // flushed.
+  virtual void onWriteWithdrawn(int peer, int path, uint64_t wr_id) { onWriteComplete(peer, path, wr_id, false); }
 };
 
 // Presented by the connecting side of every path and checked by the
@@ -228,6 +232,19 @@ class Transport {
   // Take a path down (e.g. the monitor decided it is blackholed): raises
   // onPathError once and flushes its outstanding writes.
   virtual void closePath(int peer, int path, const std::string& why) = 0;
+  // A fence, for a path set aside while it holds writes (it may be dead, or
+  // only slow). Sender side: take back every write posted on it and not yet
+  // acknowledged -- each completes once, as onWriteWithdrawn -- so that it
+  // can be sent again elsewhere while the path stays open. Returns a mark
+  // (> 0) for the peer's dropWritesUntil(), which must reach the peer
+  // before the writes sent again do; 0 if the path is down (its writes are
+  // flushed) or this transport cannot fence (verbs: what the adapter sent
+  // lands whatever the sender does later).
+  virtual uint64_t withdrawWrites(int peer, int path) { return 0; }
+  // A fence, receiver side: the peer withdrew its writes on the path up to
+  // `mark`. Those that arrive from now on are dropped (never land); a write
+  // landing now stops landing.
+  virtual void dropWritesUntil(int peer, int path, uint64_t mark) {}
 
   // Stop all threads and close every path. Idempotent.
   virtual void shutdown() = 0;

@@ -21,7 +21,7 @@ namespace testing {
 class RecordingSink : public transport::CompletionSink {
  public:
   struct Record {
-    std::vector<uint64_t> completed, flushed;
+    std::vector<uint64_t> completed, flushed, withdrawn;
     std::vector<std::pair<uint32_t, uint32_t>> arrivals;  // (immediate, length)
     std::set<int> arrival_paths;
     std::vector<std::string> messages;
@@ -32,6 +32,11 @@ class RecordingSink : public transport::CompletionSink {
   void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) override {
     std::lock_guard<std::mutex> lock(mu_);
     (ok ? r_.completed : r_.flushed).push_back(wr_id);
+    cv_.notify_all();
+  }
+  void onWriteWithdrawn(int peer, int path, uint64_t wr_id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    r_.withdrawn.push_back(wr_id);
     cv_.notify_all();
   }
   void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override {

@@ -89,6 +89,14 @@ class RawPeer : public ::testing::Test {
       // The receiver may close before reading the payload.
     }
   }
+  // The next frame from the transport, past any fence MARK (a connection
+  // opens with one once a fence was made in this process).
+  bool readFrame(FrameHeader* h) {
+    do {
+      if (!net::readFull(fd_, h, sizeof *h)) return false;
+    } while (h->type == static_cast<uint8_t>(transport::tcp::FrameType::kMark));
+    return true;
+  }
   void expectUntouched() {
     for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
   }
@@ -128,9 +136,9 @@ TEST_F(RawPeer, StrangersDoNotDelayALegitimatePathOrShutdown) {
   auto ep = net::parseEndpoint(endpoint_);
   int half = net::connectFrom("127.0.0.1", ep, after(5));
   HelloWire h;
-  net::writeFull(half, &h, 10);  // 10 of 48 bytes, then nothing
+  net::writeFull(half, &h, 10);  // 10 of its bytes, then nothing
   int noise = net::connectFrom("127.0.0.1", ep, after(5));
-  std::vector<uint8_t> junk(48);
+  std::vector<uint8_t> junk(sizeof(HelloWire));
   for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<uint8_t>(i * 37 + 11);
   net::writeFull(noise, junk.data(), junk.size());
   int silent = net::connectFrom("127.0.0.1", ep, after(5));
@@ -288,7 +296,7 @@ TEST_F(RawPeer, GoodWriteLands) {
     ASSERT_EQ((i >= kGuard + 100 && i < kGuard + 150) ? 0xA1 : 0x5C, memory_[i]) << i;
   // ...and is acknowledged with an ACK frame counting it.
   FrameHeader ack;
-  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
+  ASSERT_TRUE(readFrame(&ack));
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
   EXPECT_EQ(1u, ack.offset);
 }
@@ -318,7 +326,7 @@ TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
   uint64_t acked = 0;
   while (acked < 3) {
     FrameHeader ack;
-    ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
+    ASSERT_TRUE(readFrame(&ack));
     ASSERT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
     acked = ack.offset;
   }
@@ -359,7 +367,7 @@ TEST_F(RawPeer, ConcealDoesNotWaitForAPeerFrozenMidPayload) {
   // Its write is ACKed (drained, like a stale one) and nothing more lands.
   FrameHeader ack;
   ASSERT_TRUE(net::waitReadable(fd_, after(5)));
-  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));
+  ASSERT_TRUE(readFrame(&ack));
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
   for (size_t i = kGuard + 100; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
   auto errors = sink_.now().errors;
@@ -520,7 +528,7 @@ TEST_F(RawPeerSlowSink, ShutdownWaitsForACompletionInProgress) {
 TEST_F(RawPeerSlowSink, AWriteThatLandedIsAcknowledgedEvenWhenShutdownFollowsItsArrival) {
   ASSERT_NO_FATAL_FAILURE(shutdownDuringArrival());
   FrameHeader ack{};
-  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack)) << "the connection closed without acknowledging the write";
+  ASSERT_TRUE(readFrame(&ack)) << "the connection closed without acknowledging the write";
   EXPECT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
   EXPECT_EQ(1u, ack.offset);
 }
@@ -550,7 +558,7 @@ TEST_F(RawPeerReno, PathRunsTheConfiguredCongestionControlAndCountsItsBytes) {
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 50, true, 9), 50);
   ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
   FrameHeader ack;
-  ASSERT_TRUE(net::readFull(fd_, &ack, sizeof ack));  // the transport has sent (at least) this ACK
+  ASSERT_TRUE(readFrame(&ack));  // the transport has sent (at least) this ACK
   const transport::PathCounters c = t_->pathCounters(0, 0);
   EXPECT_EQ("reno", c.congestion);
   ASSERT_EQ(1u, c.counters.count("tcp_bytes_sent"));
@@ -616,6 +624,128 @@ TEST_F(RawPeer, StaleWritesAreDrainedNotWritten) {
 }
 
 
+// ---- fences (Transport::withdrawWrites / dropWritesUntil) -----------------
+// A path set aside while it holds writes has them withdrawn and sent again
+// elsewhere while it stays open; its peer drops what still arrives of them,
+// from the notice of the fence until the sender's MARK that follows them.
+
+namespace {
+uint64_t fenceDrops(transport::Transport& t) {
+  return t.pathCounters(0, 0).counters.at("writes_dropped_by_fence");
+}
+}  // namespace
+
+TEST_F(RawPeer, WritesWithdrawnByTheirSenderAreDroppedUntilItsMark) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 8, true, 1), 8);  // the path is in place
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
+  t_->dropWritesUntil(0, 0, 5);
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 64, 64, true, 2), 64);  // withdrawn: dropped
+  sendFrame(transport::tcp::markFrame(4), 0);                                    // an earlier fence's mark
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 128, 64, true, 3), 64); // still dropped
+  sendFrame(transport::tcp::markFrame(5), 0);
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 192, 8, true, 4), 8);   // after the mark: lands
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 2; }, 10));
+  EXPECT_EQ(4u, sink_.now().arrivals[1].first);
+  for (size_t i = 0; i < memory_.size(); ++i) {
+    const size_t at = i - kGuard;
+    const bool written = i >= kGuard && (at < 8 || (at >= 192 && at < 200));
+    ASSERT_EQ(written ? 0xA1 : 0x5C, memory_[i]) << "byte " << at;
+  }
+  EXPECT_EQ(2u, fenceDrops(*t_));
+  // Dropped writes are acknowledged like landed ones: the sender's count goes on.
+  uint64_t acked = 0;
+  while (acked < 4) {
+    FrameHeader h;
+    ASSERT_TRUE(readFrame(&h));
+    ASSERT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), h.type);
+    acked = h.offset;
+  }
+  EXPECT_EQ(4u, acked);
+  // A notice that arrives after its mark holds nothing back.
+  t_->dropWritesUntil(0, 0, 5);
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 256, 8, true, 5), 8);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 3; }, 10));
+  EXPECT_EQ(2u, fenceDrops(*t_));
+  EXPECT_TRUE(sink_.now().errors.empty());
+}
+
+// The notice may come while a withdrawn write is landing: the rest of it is
+// dropped (its first bytes are those of the copy on its way elsewhere).
+TEST_F(RawPeer, AFenceStopsAWriteThatIsLanding) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 8, true, 1), 8);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
+  const FrameHeader h = transport::tcp::writeFrame(region_.id, key_, 1024, 2048, true, 2);
+  net::writeFull(fd_, &h, sizeof h);
+  std::vector<uint8_t> first(1024, 0xA1), rest(1024, 0xB2);
+  net::writeFull(fd_, first.data(), first.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // most often read by now: landing
+  t_->dropWritesUntil(0, 0, 9);
+  net::writeFull(fd_, rest.data(), rest.size());
+  sendFrame(transport::tcp::markFrame(9), 0);
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 8, 8, true, 3), 8);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 2; }, 10));
+  EXPECT_EQ(3u, sink_.now().arrivals[1].first) << "the stopped write raised an arrival";
+  for (size_t at = 2048; at < 3072; ++at) ASSERT_EQ(0x5C, memory_[kGuard + at]) << "byte " << at;
+  EXPECT_EQ(1u, fenceDrops(*t_));
+}
+
+// Sender side: every write not yet acknowledged comes back once, as
+// withdrawn -- the one on the wire and the one queued behind it -- and a MARK
+// follows what went out of them; their later ACK completes nothing, and
+// writes posted after the fence complete as usual.
+TEST_F(RawPeer, WithdrawnWritesCompleteOnceAndTheMarkFollowsThem) {
+  ASSERT_EQ(0u, hello(0, 0));
+  std::vector<uint8_t> big(16 << 20, 0x42);
+  Region local = t_->registerMemory(big.data(), big.size());
+  auto write = [&](uint64_t id, size_t length) {
+    transport::WriteRequest w;
+    w.local = local;
+    w.src = big.data();
+    w.length = length;
+    w.remote = RemoteRegion{7, 7, 0, big.size()};
+    w.wr_id = id;
+    t_->postWrite(0, 0, w);
+  };
+  write(1, big.size());  // the raw peer does not read yet: stuck in the socket
+  write(2, 64);
+  const uint64_t mark = t_->withdrawWrites(0, 0);
+  ASSERT_GT(mark, 0u);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.withdrawn.size() == 2; }, 10));
+  // Read the stream: the writes that had gone out, then the mark.
+  std::vector<uint8_t> sink(1 << 20);
+  uint64_t writes = 0;
+  for (;;) {
+    FrameHeader h;
+    ASSERT_TRUE(net::readFull(fd_, &h, sizeof h));
+    if (h.type == static_cast<uint8_t>(transport::tcp::FrameType::kMark) && h.offset == mark) break;
+    if (h.type != static_cast<uint8_t>(transport::tcp::FrameType::kWrite)) continue;  // an earlier mark
+    writes++;
+    for (uint64_t left = h.length; left > 0;) {
+      const size_t n = std::min<uint64_t>(left, sink.size());
+      ASSERT_TRUE(net::readFull(fd_, sink.data(), n));
+      left -= n;
+    }
+  }
+  EXPECT_GE(writes, 1u) << "the write on the wire went before the mark";
+  sendFrame(transport::tcp::ackFrame(writes), 0);
+  write(3, 64);
+  FrameHeader h;
+  ASSERT_TRUE(readFrame(&h));
+  ASSERT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kWrite), h.type);
+  ASSERT_TRUE(net::readFull(fd_, sink.data(), h.length));
+  sendFrame(transport::tcp::ackFrame(writes + 1), 0);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.completed.size() == 1; }, 10));
+  const auto r = sink_.now();
+  EXPECT_EQ(std::vector<uint64_t>({1, 2}), r.withdrawn);
+  EXPECT_EQ(std::vector<uint64_t>({3}), r.completed);
+  EXPECT_TRUE(r.flushed.empty());
+  EXPECT_TRUE(r.errors.empty());
+  t_->shutdown();  // before `big` goes
+}
+
+
 // ---- single copy (same_host.h) -------------------------------------------
 // The raw peer is this very process: its offer is a real one (its pid, a
 // cookie in its memory, its own liveness word), so the transport may read
@@ -627,7 +757,7 @@ class RawPeerSingleCopy : public RawPeer {
   bool readUntil(transport::tcp::FrameType type, FrameHeader* out, std::vector<uint8_t>* payload = nullptr) {
     for (;;) {
       FrameHeader h;
-      if (!net::readFull(fd_, &h, sizeof h)) return false;
+      if (!readFrame(&h)) return false;
       std::vector<uint8_t> bytes(h.type == static_cast<uint8_t>(transport::tcp::FrameType::kAck) ? 0 : h.length);
       if (!bytes.empty() && !net::readFull(fd_, bytes.data(), bytes.size())) return false;
       if (h.type == static_cast<uint8_t>(type)) {

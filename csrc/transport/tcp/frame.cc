@@ -38,7 +38,10 @@ std::string checkHeader(const FrameHeader& h) {
       if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.offset != 0 || h.length != 0)
         return "ACCEPT frame with fields set";
       return "";
-
+    case FrameType::kMark:
+      if (h.flags != 0 || h.region != 0 || h.imm != 0 || h.key != 0 || h.length != 0)
+        return "MARK frame with payload fields set";
+      return "";
   }
   return strcat("unknown frame type ", int(h.type));
 }
@@ -73,6 +76,13 @@ FrameHeader offerFrame() {
 FrameHeader acceptFrame() {
   FrameHeader h;
   h.type = static_cast<uint8_t>(FrameType::kAccept);
+  return h;
+}
+
+FrameHeader markFrame(uint64_t mark) {
+  FrameHeader h;
+  h.type = static_cast<uint8_t>(FrameType::kMark);
+  h.offset = mark;
   return h;
 }
 

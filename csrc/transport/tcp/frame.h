@@ -11,6 +11,12 @@
 //          pid, cookie and liveness word, for single copy (same_host.h).
 //   ACCEPT the receiver verified the offer: WRITEs may now carry
 //          kFlagByReference.
+//   MARK   `offset` = a fence mark: every WRITE the sender withdrew from this
+//          connection went before it (TcpPath::withdraw()). The receiver
+//          drops WRITEs while it has been told of a later mark than the last
+//          one it read here (TcpPath::dropUntil()). A mark is the
+//          connection's number from the hello (its low 48 bits) << 16 | the
+//          count of its sender's fences.
 //
 // A WRITE with kFlagByReference is followed by 8 bytes, the payload's
 // address in the sender's memory, instead of `length` payload bytes; the
@@ -31,9 +37,9 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the TCP wire format as
 
 constexpr uint32_t kFrameMagic = 0x5254534d;  // "MSTR"
 constexpr uint32_t kHelloMagic = 0x4c45484d;  // "MHEL"
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;
 
-enum class FrameType : uint8_t { kWrite = 1, kSend = 2, kAck = 3, kOffer = 4, kAccept = 5 };
+enum class FrameType : uint8_t { kWrite = 1, kSend = 2, kAck = 3, kOffer = 4, kAccept = 5, kMark = 6 };
 constexpr uint8_t kFlagImm = 1;
 constexpr uint8_t kFlagByReference = 2;
 
@@ -64,6 +70,7 @@ FrameHeader sendFrame(uint64_t length);
 FrameHeader ackFrame(uint64_t writes_received);
 FrameHeader offerFrame();
 FrameHeader acceptFrame();
+FrameHeader markFrame(uint64_t mark);
 
 // Connection handshake: the connecting side sends HelloWire, the accepting
 // side answers HelloReply and closes the connection unless status is kOk.
@@ -74,8 +81,12 @@ struct HelloWire {
   uint8_t secret[32] = {};
   int32_t rank = -1;
   int32_t path = -1;
+  // Drawn at random by the connecting side: names this connection in the
+  // fence marks of both sides (TcpPath::withdraw()), so that a fence meant
+  // for a connection the path has since replaced holds nothing back.
+  uint64_t connection = 0;
 };
-static_assert(sizeof(HelloWire) == 48, "HelloWire is a wire format");
+static_assert(sizeof(HelloWire) == 56, "HelloWire is a wire format");
 
 enum class HelloStatus : uint32_t {
   kOk = 0,

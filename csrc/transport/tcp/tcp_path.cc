@@ -28,11 +28,23 @@ constexpr size_t kMaxBatchFrames = 16;
 // to the others (level-triggered: the rest is reported again).
 constexpr size_t kReceiveBudget = 4u << 20;
 
+// A fence mark: the connection's number (from the hello) in the top 48
+// bits, so that a fence meant for a connection the path has since replaced
+// is told apart; the count of this side's fences below.
+constexpr int kFenceBits = 16;
+uint64_t markOf(uint64_t connection, uint64_t fences) {
+  return (connection << kFenceBits) | fences;
+}
+bool sameConnection(uint64_t mark, uint64_t connection) {
+  return (mark >> kFenceBits) == (connection & ((uint64_t{1} << (64 - kFenceBits)) - 1));
+}
+
 }  // namespace
 
 TcpPath::TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink, RegionTable* regions,
-                 EventLoop* loop, bool single_copy)
+                 EventLoop* loop, bool single_copy, uint64_t connection)
     : fd_(fd),
+      connection_(connection),
       peer_(peer),
       path_(path),
       description_(std::move(description)),
@@ -85,6 +97,7 @@ PathCounters TcpPath::counters() const {
     out.counters["tcp_bytes_retrans"] = info.tcpi_bytes_retrans;
   }
   out.counters["tcp_total_retrans"] = info.tcpi_total_retrans;  // segments
+  out.counters["writes_dropped_by_fence"] = rx_fenced_drops_.load();
   if (alive_) {
     std::lock_guard<std::mutex> lock(mu_);
     out.counters["single_copy_bytes_sent"] = reference_bytes_;
@@ -216,7 +229,7 @@ std::string TcpPath::pushLocked() {
       while (!queue_.empty() && batch_.size() < kMaxBatchFrames) {
         batch_.push_back(std::move(queue_.front()));
         queue_.pop_front();
-        unacked_.push_back(batch_.back().wr_id);
+        unacked_.push_back({batch_.back().wr_id, false});
       }
       for (auto& o : batch_) {
         iov_.push_back({&o.header, sizeof o.header});
@@ -361,6 +374,16 @@ bool TcpPath::finishFrame(std::string* error) {
             *error = "rejected a write from the peer: " + why;
             return false;
           }
+          // Fenced: the sender took this write back and sent it again on
+          // another path, which may land first and be followed by a write
+          // into the same place; so it is dropped, like a stale one.
+          if (dropping()) {
+            rx_fenced_drops_.fetch_add(1, std::memory_order_relaxed);
+            MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a write of ", h.length,
+                          " bytes its sender withdrew");
+            grant.release();
+            verdict = RegionTable::Verdict::kStale;
+          }
           // Not granted: a late duplicate for an earlier exposure.
           if (verdict == RegionTable::Verdict::kGranted) {
             rx_grant_ = std::move(grant);
@@ -395,6 +418,9 @@ bool TcpPath::finishFrame(std::string* error) {
           return true;
         case FrameType::kAck:
           handleAck(h.offset);
+          return true;
+        case FrameType::kMark:
+          if (sameConnection(h.offset, connection_)) rx_marks_ = std::max(rx_marks_, h.offset);
           return true;
         case FrameType::kAccept: {
           std::lock_guard<std::mutex> lock(mu_);
@@ -499,6 +525,69 @@ void TcpPath::dropGrant(uint64_t grant) {
   rx_ = Rx::kDrain;  // the rest is read and dropped; the write is ACKed like a stale one
 }
 
+uint64_t TcpPath::withdraw() {
+  uint64_t mark = 0;
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_ || stopping_) return 0;
+    for (Unacked& u : unacked_) {  // oldest first
+      if (u.withdrawn) continue;
+      u.withdrawn = true;  // its bytes may still be leaving: the MARK follows them
+      withdrawn_.push_back(u.wr_id);
+    }
+    for (const Outgoing& o : queue_) withdrawn_.push_back(o.wr_id);
+    queue_.clear();
+    if (fences_ == UINT16_MAX) return 0;  // so many fences: its writes move when it is closed
+    mark = markOf(connection_, ++fences_);
+    Outgoing out;
+    out.header = markFrame(mark);
+    control_.push_back(std::move(out));
+    withdrawLater();
+    error = pushLocked();
+  }
+  if (!error.empty()) failLater(error);
+  return mark;
+}
+
+void TcpPath::withdrawLater() {
+  if (withdraw_scheduled_) return;
+  withdraw_scheduled_ = true;
+  loop_->post([self = shared_from_this()] {
+    std::vector<uint64_t> taken;
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      taken.swap(self->withdrawn_);
+      self->withdraw_scheduled_ = false;
+      stopping = self->stopping_;
+    }
+    if (stopping) return;
+    for (uint64_t wr : taken) self->sink_->onWriteWithdrawn(self->peer_, self->path_, wr);
+  });
+}
+
+void TcpPath::dropUntil(uint64_t mark) {
+  if (!loop_->inLoopThread()) {
+    loop_->post([self = shared_from_this(), mark] { self->dropUntil(mark); });
+    loop_->quiesce();  // in effect when this returns
+    return;
+  }
+  if (!sameConnection(mark, connection_)) return;  // for a connection this one replaced
+  rx_drop_until_ = std::max(rx_drop_until_, mark);
+  if (!dropping()) return;
+  // A payload landing now is dropped from here on: its first bytes are
+  // those of a copy that is on its way elsewhere (same bytes, same place).
+  if (rx_ == Rx::kPayload) {
+    rx_fenced_drops_.fetch_add(1, std::memory_order_relaxed);
+    releaseGrant();
+    rx_ = Rx::kDrain;
+  } else if (rx_ == Rx::kReference && rx_grant_) {
+    rx_fenced_drops_.fetch_add(1, std::memory_order_relaxed);
+    releaseGrant();  // its address is still read; nothing is copied
+  }
+}
+
 void TcpPath::releaseGrant() {
   rx_grant_id_.store(0);
   rx_grant_.release();
@@ -554,7 +643,8 @@ void TcpPath::fail(const std::string& why) {
       // Nothing reads the payloads of the batch after this (every sendmsg()
       // runs under mu_), so every write not yet ACKed completes now.
       for (auto& o : queue_) flushed.push_back(o.wr_id);
-      flushed.insert(flushed.end(), unacked_.begin(), unacked_.end());
+      for (const Unacked& u : unacked_)
+        if (!u.withdrawn) flushed.push_back(u.wr_id);
       flushed.insert(flushed.end(), late_flush_.begin(), late_flush_.end());
     }
     queue_.clear();
@@ -601,7 +691,7 @@ void TcpPath::handleAck(uint64_t writes_received) {
     } else {
       uint64_t n = writes_received - writes_acked_;
       for (uint64_t i = 0; i < n; ++i) {
-        done.push_back(unacked_.front());
+        if (!unacked_.front().withdrawn) done.push_back(unacked_.front().wr_id);
         unacked_.pop_front();
       }
       writes_acked_ = writes_received;

@@ -44,7 +44,7 @@ namespace tcp {
 class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<TcpPath> {
  public:
   TcpPath(int fd, int peer, int path, std::string description, CompletionSink* sink, RegionTable* regions,
-          EventLoop* loop, bool single_copy = false);
+          EventLoop* loop, bool single_copy = false, uint64_t connection = 0);
   ~TcpPath() override;
   TcpPath(const TcpPath&) = delete;
   TcpPath& operator=(const TcpPath&) = delete;
@@ -71,11 +71,27 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   // The region is being closed while a payload is landing in it (its sender
   // stopped mid-payload): drop the grant and drain the rest. Any thread.
   void revoke(uint32_t region);
+  // A fence, sender side: take back every write not yet acknowledged (each
+  // completes once, as withdrawn, on the loop; never otherwise) and queue a
+  // MARK behind them. Returns the mark, or 0 if the path failed (its writes
+  // are flushed instead).
+  uint64_t withdraw();
+  // A fence, receiver side: drop the peer's WRITEs here (read and ACKed,
+  // never written) until a MARK of at least `mark` is read, a payload
+  // landing now included. Any thread (the loop does it; another waits for
+  // it: it must not hold what the loop's calls take).
+  void dropUntil(uint64_t mark);
 
   // EventLoop::Handler (loop thread)
   void onEvents(uint32_t events) override;
 
  private:
+  // A WRITE on the wire, not yet ACKed; a withdrawn one was completed
+  // already and its ACK completes nothing.
+  struct Unacked {
+    uint64_t wr_id = 0;
+    bool withdrawn = false;
+  };
   struct Outgoing {
     FrameHeader header;
     const void* payload = nullptr;      // WRITE: registered memory
@@ -103,12 +119,15 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   void fail(const std::string& why);
   void failLater(const std::string& why);  // from a thread that may hold the caller's locks
   void flushLater();                       // complete late_flush_ on the loop thread
+  void withdrawLater();                    // complete withdrawn_ as withdrawn on the loop thread
+  bool dropping() const { return rx_marks_ < rx_drop_until_; }
   void resetReceive();                     // loop thread: drop a half-read frame and its grant
   void releaseGrant();                     // loop thread: the destination region is no longer pinned
   void dropGrant(uint64_t grant);          // loop thread: revoke()'s work, for that grant (rx_grant_id_)
   void deliverFlush(std::vector<uint64_t>& wr_ids);
 
   const int fd_;
+  const uint64_t connection_;  // the hello's number for it (fence marks)
   const int peer_;
   const int path_;
   const std::string description_;
@@ -121,7 +140,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   std::condition_variable cv_;
   std::deque<Outgoing> control_;       // SENDs, sent ahead of queued writes
   std::deque<Outgoing> queue_;         // writes not yet on the wire
-  std::deque<uint64_t> unacked_;       // WRITEs on the wire (or in batch_), oldest first
+  std::deque<Unacked> unacked_;        // WRITEs on the wire (or in batch_), oldest first
   std::vector<Outgoing> batch_;        // frames being sent, in iov_ from iov_next_
   std::vector<iovec> iov_;
   size_t iov_next_ = 0;
@@ -129,6 +148,9 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   bool want_write_ = false;            // EPOLLOUT requested
   bool flush_scheduled_ = false;       // a loop task will deliver late_flush_
   std::vector<uint64_t> late_flush_;   // writes to complete with ok=false (on the loop)
+  bool withdraw_scheduled_ = false;    // a loop task will deliver withdrawn_
+  std::vector<uint64_t> withdrawn_;    // writes to complete as withdrawn (on the loop)
+  uint16_t fences_ = 0;                // withdraw()s so far (the low bits of the marks)
   uint64_t writes_acked_ = 0;          // ACKs processed (sender side)
   uint64_t writes_received_ = 0;       // WRITE frames landed (receiver side)
   uint64_t acks_sent_ = 0;             // last cumulative count we ACKed
@@ -161,6 +183,12 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   same_host::Offer peer_offer_;        // the peer's offer once it checked out (pid 0 until then)
   uint64_t rx_reference_ = 0;          // kReference: the payload's address in the peer
   size_t rx_copied_ = 0;               // bytes copied by reference in this receive() (its budget)
+  // Fences, receiver side: the highest MARK read here, and the highest mark
+  // the peer told of (dropUntil()); WRITEs are dropped while the first is
+  // below the second.
+  uint64_t rx_marks_ = 0;
+  uint64_t rx_drop_until_ = 0;
+  std::atomic<uint64_t> rx_fenced_drops_{0};  // WRITEs dropped so
 };
 
 }  // namespace tcp

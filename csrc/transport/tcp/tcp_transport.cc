@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/net.h"
+#include "common/random.h"
 #include "common/thread.h"
 #include "transport/tcp/frame.h"
 
@@ -251,7 +252,7 @@ void TcpTransport::admit(int fd, const HelloWire& hello) {
     fail("connection from ", from, " (claims rank ", hello.rank, " path ", hello.path,
          "): ", helloStatusText(status));
   }
-  install(hello.rank, hello.path, fd, true);
+  install(hello.rank, hello.path, fd, true, hello.connection);
 }
 
 void TcpTransport::expectPeers(const std::vector<std::vector<std::string>>& endpoints) {
@@ -274,7 +275,7 @@ void TcpTransport::expectPeers(const std::vector<std::vector<std::string>>& endp
     });
 }
 
-void TcpTransport::install(int peer, int path, int fd, bool accepted) {
+void TcpTransport::install(int peer, int path, int fd, bool accepted, uint64_t connection) {
   std::string desc = strcat(net::localAddress(fd).str(), " <-> ", net::peerAddress(fd).str());
   std::shared_ptr<TcpPath> old;
   {
@@ -292,7 +293,8 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
       MAESTRO_WARN("path ", path, " to rank ", peer, " keeps the kernel's default: ", e.what());
     }
   }
-  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_, loop_.get(), options_.single_copy);
+  auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_, loop_.get(), options_.single_copy,
+                                     connection);
   std::vector<std::shared_ptr<TcpPath>> done;  // released outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -321,7 +323,8 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted) {
   // `old` is stopped and closed when the last reference goes.
 }
 
-int TcpTransport::open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline) {
+int TcpTransport::open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline,
+                       uint64_t* connection) {
   if (local_port != 0) {
     // A port reserved for discovery: connect from it, the 5-tuple probed.
     std::lock_guard<std::mutex> lock(mu_);
@@ -337,6 +340,7 @@ int TcpTransport::open(const PathSpec& spec, const Hello& hello, uint16_t local_
     std::memcpy(wire.secret, hello.secret, sizeof wire.secret);
     wire.rank = hello.rank;
     wire.path = hello.path;
+    wire.connection = *connection = randomU64();
     net::writeFull(fd, &wire, sizeof wire);
     HelloReply reply;
     if (!net::waitReadable(fd, deadline)) fail("no answer to the hello before the deadline");
@@ -359,12 +363,13 @@ void TcpTransport::connect(const PathSpec& spec, const Hello& hello, Deadline de
     std::lock_guard<std::mutex> lock(mu_);
     initiated_[{spec.peer, spec.path}] = Initiated{spec, hello, spec.local_port};
   }
-  int fd = open(spec, hello, spec.local_port, deadline);
+  uint64_t connection = 0;
+  int fd = open(spec, hello, spec.local_port, deadline, &connection);
   {
     std::lock_guard<std::mutex> lock(mu_);
     initiated_[{spec.peer, spec.path}].local_port = net::localAddress(fd).port();
   }
-  install(spec.peer, spec.path, fd, false);
+  install(spec.peer, spec.path, fd, false, connection);
 }
 
 bool TcpTransport::reconnect(int peer, int path, Deadline deadline) {
@@ -384,15 +389,16 @@ bool TcpTransport::openAgain(int peer, int path, std::optional<uint16_t> local_p
     init = it->second;
   }
   int fd = -1;
+  uint64_t connection = 0;
   try {
     if (local_port) {
-      fd = open(init.spec, init.hello, *local_port, deadline);  // the port hunting chose
+      fd = open(init.spec, init.hello, *local_port, deadline, &connection);  // the port hunting chose
     } else {
       try {
-        fd = open(init.spec, init.hello, init.local_port, deadline);  // same 5-tuple
+        fd = open(init.spec, init.hello, init.local_port, deadline, &connection);  // same 5-tuple
       } catch (const Error& e) {
         if (std::string(e.what()).find("bind") == std::string::npos) throw;
-        fd = open(init.spec, init.hello, 0, deadline);  // port still held: a new one
+        fd = open(init.spec, init.hello, 0, deadline, &connection);  // port still held: a new one
       }
     }
   } catch (const Error& e) {
@@ -403,7 +409,7 @@ bool TcpTransport::openAgain(int peer, int path, std::optional<uint16_t> local_p
     std::lock_guard<std::mutex> lock(mu_);
     initiated_[{peer, path}].local_port = net::localAddress(fd).port();
   }
-  install(peer, path, fd, false);
+  install(peer, path, fd, false, connection);
   return true;
 }
 
@@ -479,6 +485,15 @@ PathCounters TcpTransport::pathCounters(int peer, int path) const {
 PathDelivery TcpTransport::delivery(int peer, int path) const {
   std::shared_ptr<TcpPath> p = findPath(peer, path);
   return p ? p->delivery() : PathDelivery{};
+}
+
+uint64_t TcpTransport::withdrawWrites(int peer, int path) {
+  std::shared_ptr<TcpPath> p = findPath(peer, path);
+  return p ? p->withdraw() : 0;
+}
+
+void TcpTransport::dropWritesUntil(int peer, int path, uint64_t mark) {
+  if (std::shared_ptr<TcpPath> p = findPath(peer, path)) p->dropUntil(mark);
 }
 
 void TcpTransport::postWrite(int peer, int path, const WriteRequest& req) { pathFor(peer, path)->postWrite(req); }

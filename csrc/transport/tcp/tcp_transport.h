@@ -46,6 +46,8 @@ class TcpTransport : public Transport {
   std::string describePath(int peer, int path) const override;
   PathCounters pathCounters(int peer, int path) const override;
   PathDelivery delivery(int peer, int path) const override;
+  uint64_t withdrawWrites(int peer, int path) override;
+  void dropWritesUntil(int peer, int path, uint64_t mark) override;
   bool reconnect(int peer, int path, Deadline deadline) override;
   bool reopen(int peer, int path, uint16_t local_port, Deadline deadline) override;
   uint16_t reservePort(const std::string& local_addr) override;
@@ -69,9 +71,10 @@ class TcpTransport : public Transport {
   void admit(int fd, const HelloWire& hello);
   std::shared_ptr<TcpPath> pathFor(int peer, int path) const;   // throws if there is none
   std::shared_ptr<TcpPath> findPath(int peer, int path) const;  // null if there is none
-  void install(int peer, int path, int fd, bool accepted);
+  void install(int peer, int path, int fd, bool accepted, uint64_t connection);
   // Connect, present the hello, wait for the answer; returns the fd.
-  int open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline);
+  // `connection`: the number the hello gave the connection.
+  int open(const PathSpec& spec, const Hello& hello, uint16_t local_port, Deadline deadline, uint64_t* connection);
   // reconnect() (no port: the same 5-tuple where possible) and reopen().
   bool openAgain(int peer, int path, std::optional<uint16_t> local_port, Deadline deadline);
 
