@@ -425,7 +425,14 @@ def cmd_loop(args):
               for s in maestro_torch.path_stats(g) if s["errors"] or s["reconnects"]] if maestro else []
     closes = [None] * n
     dist.all_gather_object(closes, closed)
-    emit({"world": n, "bytes": elems * 4, "iters": iters, "ranks": everyone, "closed_paths": closes})
+    # Writes this rank dropped because their sender had withdrawn them from a
+    # path it set aside and sent them again elsewhere (TCP fences).
+    dropped = sum(s["path_counters"].get("writes_dropped_by_fence", 0) for s in maestro_torch.path_stats(g)) \
+        if maestro else 0
+    drops = [None] * n
+    dist.all_gather_object(drops, dropped)
+    emit({"world": n, "bytes": elems * 4, "iters": iters, "ranks": everyone, "closed_paths": closes,
+          "fence_drops": drops})
 
 
 def main():

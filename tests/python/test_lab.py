@@ -105,6 +105,31 @@ def test_spine_link_cut_mid_allreduce_fails_over_and_recovers():
     assert max(cycles) < backstop / 6, f"an iteration took {max(cycles):.1f} s: the path was not closed by its traffic"
 
 
+def test_a_brief_blackhole_moves_chunks_and_their_late_originals_are_dropped():
+    # A link that drops everything for 0.16 s, now and then: long enough for
+    # the network to acknowledge none of a path's bytes for the suspicion
+    # limit (about 0.12 s), so its chunks are withdrawn and sent again on the
+    # other paths, and short enough that TCP then delivers the originals
+    # (the path is not closed). Each arrives after the peer heard of the
+    # fence: dropped, never landing after its copy, and every result exact.
+    with lab("tb", mode="pinned") as l:
+        ranks = labrun.start(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "12"])
+        ranks.wait_for_line(0, "READY", 120)
+        time.sleep(1)
+        for _ in range(8):
+            l.link_down(1, 1)  # L1-s1: the 3->0 and 1->2 crossings' paths via spine 1
+            time.sleep(0.16)
+            l.link_up(1, 1)
+            time.sleep(1)
+        res = result_of(ranks.wait(300))
+    assert all(it["ok"] for rank in res["ranks"] for it in rank), "every result stays exact"
+    moved = sum(p["resent"] for r in (1, 3) for p in res["ranks"][r][-1]["paths"])
+    assert moved > 0, "no chunk was moved off the blackholed paths"
+    # The receivers of those crossings dropped late originals: the pulses
+    # ended before the paths were found dead, so TCP delivered them.
+    assert res["fence_drops"][0] + res["fence_drops"][2] > 0, res["fence_drops"]
+
+
 def test_spine_link_cut_while_idle_is_found_by_probes_alone():
     # No chunk is in flight when the link goes: only the probes cross the
     # cut paths, so only an unanswered probe can show they are dead (a path
