@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import fabric_sim_report  # noqa: E402
 import gpu_report  # noqa: E402
-from variants import is_gloo  # noqa: E402
+from variants import is_gloo, maestro_policy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -915,7 +915,7 @@ def perf_targets(recs: dict) -> tuple[str, list[str]]:
             g = best_gloo(bw)
             cells = [f"{v}: {bw[v]:.1f} MB/s = {bw[v] / limit:.2f} x limit"
                      + (f", **{bw[v] / g[1]:.2f}x** the best gloo" if g else "")
-                     for v in ("adaptive", "adaptive+cubic") if v in bw]
+                     for v in ("adaptive", congestion_variant(bw)) if v in bw]
             label = ecmp_label(col["data"]["runs"][f"{mode}/allreduce"]) if mode == "ecmp" else mode
             rows.append([f"{label}, 64 MiB allreduce busbw",
                          "; ".join(cells + [f"best gloo {gloo_cell(g, bw, '{:.1f} MB/s')}"]), target])
@@ -959,24 +959,39 @@ def perf_targets(recs: dict) -> tuple[str, list[str]]:
     return table(["criterion", "measured", "target"], rows), used
 
 
+def congestion_variant(variants) -> str:
+    """The variant the collectives run times beside the default's
+    congestion control: adaptive+kernel (the kernel's default), or in
+    records before it, adaptive+cubic."""
+    return next((v for v in ("adaptive+kernel", "adaptive+cubic") if v in variants), "adaptive+kernel")
+
+
+CONGESTION_LABELS = {"adaptive": "adaptive (MAESTRO_TCP_CONGESTION=auto, the default)",
+                     "adaptive+kernel": "adaptive+kernel (MAESTRO_TCP_CONGESTION=kernel, the kernel's default)",
+                     "adaptive+cubic": "adaptive+cubic (MAESTRO_TCP_CONGESTION=cubic)"}
+
+
 def perf_congestion(recs: dict) -> tuple[str, list[str]]:
     """adaptive (MAESTRO_TCP_CONGESTION=auto, the default: cubic where the
-    kernel's default is bbr) and adaptive+cubic (cubic set explicitly), per
-    size from 4 MiB: each one's spread of iterations."""
+    kernel's default is bbr) and adaptive+kernel (the kernel's default), per
+    size from 4 MiB: each one's spread of iterations and median busbw."""
     runs = recorded(recs, "collectives")["data"]["runs"]
-    rows = []
+    rows, other = [], None
     for mode in ("pinned", "ecmp"):
         run = runs[f"{mode}/allreduce"]
         get = {(r["variant"], r["bytes"]): r for r in run["rows"]}
+        other = congestion_variant({r["variant"] for r in run["rows"]})
         for size in sorted({r["bytes"] for r in run["rows"] if r["bytes"] >= 4 << 20}):
-            pair = [get.get((v, size)) for v in ("adaptive", "adaptive+cubic")]
+            pair = [get.get((v, size)) for v in ("adaptive", other)]
             if None in pair:
                 continue
             rows.append([f"{mode} {size_label(size)} ({pair[0]['iters']})"]
                         + [f"{min(r['times']):.3f}-{max(r['times']):.3f}, busbw {r['busbw_GBps'] * 1e3:.1f} MB/s"
-                           for r in pair])
-    return table(["allreduce (iterations)", "adaptive (MAESTRO_TCP_CONGESTION=auto, the default) iterations, s",
-                  "adaptive+cubic (MAESTRO_TCP_CONGESTION=cubic) iterations, s"], rows), ["collectives"]
+                           for r in pair]
+                        + [f"{pair[0]['busbw_GBps'] / pair[1]['busbw_GBps']:.2f}x"])
+    return table(["allreduce (iterations)", CONGESTION_LABELS["adaptive"] + " iterations, s",
+                  CONGESTION_LABELS[other or "adaptive+kernel"] + " iterations, s", "default / other"], rows), \
+        ["collectives"]
 
 
 PERFORMANCE_TABLES = {"loopback": perf_loopback, "targets": perf_targets, "congestion": perf_congestion}
@@ -1136,7 +1151,8 @@ def headline(recs: dict) -> list[list]:
             size = 64 << 20 if 64 << 20 in sizes else max(sizes)  # 64 MiB: the headline size
             get = {r["variant"]: r["busbw_GBps"] * 1e3 for r in run["rows"] if r["bytes"] == size}
             g = best_gloo(get)
-            for variant, how in (("adaptive", ""), ("adaptive+cubic", ", MAESTRO_TCP_CONGESTION=cubic")):
+            other = congestion_variant(get)
+            for variant, how in (("adaptive", ""), (other, f", MAESTRO_TCP_CONGESTION={maestro_policy(other)[1]}")):
                 if variant not in get:
                     continue
                 m = get[variant]
