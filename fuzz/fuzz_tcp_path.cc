@@ -38,7 +38,10 @@
 //   byte 1  n % 9 chunk entries of 3 bytes follow: chunk size (uint16 LE; a
 //           size past the end takes the rest) and what to do after it:
 //           action >> 4: 1 conceal, 2 expose, 3 remove region (action & 3),
-//           4 flip the sender's liveness; anything else nothing
+//           4 flip the sender's liveness, 5 a fence notice: drop writes until
+//           mark (action & 15) (this path's connection number is 0, so the
+//           stream's MARKs of 0-15 end it), 6 withdraw the path's own writes;
+//           anything else nothing
 //   rest    the stream; what the entries left over is the last chunk
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -280,6 +283,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: regions->expose(r); break;
       case 3: regions->remove(r); break;
       case 4: proc.alive->store(proc.alive->load() ^ 1); break;
+      case 5: path->dropUntil(action & 15); break;
+      case 6: path->withdraw(); break;
       default: break;
     }
   }

@@ -158,7 +158,7 @@ bool TcpPath::failed() const {
 
 bool TcpPath::settled() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return failed_ && unacked_.empty() && late_flush_.empty() && queue_.empty();
+  return failed_ && unacked_.empty() && late_flush_.empty() && queue_.empty() && withdrawn_.empty();
 }
 
 void TcpPath::postWrite(const WriteRequest& req) {
