@@ -518,8 +518,10 @@ def failover_events(d: dict, settle: float = 1.0) -> list[dict]:
     """Per event of a failover record: the median operation before it (since
     the previous event's settling), the stall (the longest operation running
     within `settle` s after it; every operation timed on its slowest rank),
-    the median operation after it (until the next event), and whether every
-    result in between was exact."""
+    the median operation after it (until the next event), whether every
+    result in between was exact, and the longest wait between two operations
+    (the loop's barrier and check: what the operations' own times leave out)
+    across the event, beside the median one before it."""
     n = min(len(r) for r in d["ranks"])
     its = [{"start": d["ranks"][0][i]["start"], "seconds": max(r[i]["seconds"] for r in d["ranks"]),
             "ok": all(r[i]["ok"] for r in d["ranks"])} for i in range(n)]
@@ -533,7 +535,13 @@ def failover_events(d: dict, settle: float = 1.0) -> list[dict]:
         across = [x for x in its if x["start"] + x["seconds"] >= t and x["start"] <= t + settle]
         after = [x["seconds"] for x in its if t + settle < x["start"] < hi]
         window = [x for x in its if lo <= x["start"] < hi]
-        out.append({"event": e["event"], "t": t, "before_s": statistics.median(before) if before else None,
+        # Rank 0's cycle from one operation's start to the next, less the
+        # slowest rank's time of the operation.
+        waits = [(x["start"], y["start"] - x["start"] - x["seconds"]) for x, y in zip(its, its[1:])]
+        waits_before = [w for s, w in waits if lo <= s and s + w <= t]
+        waits_across = [w for (s, w), y in zip(waits, its[1:]) if y["start"] >= t and s <= t + settle]
+        out.append({"wait_s": max(waits_across, default=None),
+                    "wait_before_s": statistics.median(waits_before) if waits_before else None,"event": e["event"], "t": t, "before_s": statistics.median(before) if before else None,
                     "stall_s": max((x["seconds"] for x in across), default=None),
                     "after_s": statistics.median(after) if after else None, "iterations": len(window),
                     "exact": all(x["ok"] for x in window)})
@@ -564,17 +572,22 @@ def sec_failover(rec, out):
             return "-"
         return spread_cell(statistics.median(xs), xs, "{:.0f}") if len(xs) > 1 else f"{xs[0]:.0f}"
     rows = [[ev, len(es), ms([e["before_s"] for e in es]), ms([e["stall_s"] for e in es]),
-             ms([e["after_s"] for e in es]), all(e["exact"] for e in es)] for ev, es in by_event.items()]
+             ms([e["after_s"] for e in es]),
+             f"{ms([e['wait_s'] for e in es])} ({ms([e['wait_before_s'] for e in es])} before)",
+             all(e["exact"] for e in es)] for ev, es in by_event.items()]
     allok = all(it["ok"] for r in d["ranks"] for it in r)
     quiet = "\n\n" + under_load(d["background"]) if "background" in d else ""
     return ("Failover: a blackholed link and a link-down",
             f"Allreduces of {d['bytes'] >> 20} MiB back to back on 4 ranks ({d['lab']}); each operation is timed on "
             "its slowest rank. The stall is the longest operation running within 1 s after the event; median "
-            "(min-max) over the rounds. A blackholed path is set aside once the network has acknowledged none of "
-            "its bytes for a few round trips, and closed once TCP's own resends go unanswered too "
-            "(csrc/multipath/path_health.h); its chunks move to the other paths. Every result exact on every rank: "
-            f"**{allok}**.\n\n"
-            + table(["event", "rounds", "op before (ms)", "stall (ms)", "op after (ms)", "all exact"], rows)
+            "(min-max) over the rounds; the wait is the longest time between two operations across the event (the "
+            "loop's barrier and its check of the result), beside the median wait before it. A blackholed path is set "
+            "aside once the network has acknowledged none of its bytes for a few round trips, and its chunks in "
+            "flight move to the other paths at once (a fence: the peer drops their originals if they still come); it "
+            "is closed once TCP's own resends go unanswered too (csrc/multipath/path_health.h). Every result exact "
+            f"on every rank: **{allok}**.\n\n"
+            + table(["event", "rounds", "op before (ms)", "stall (ms)", "op after (ms)", "wait between ops (ms)",
+                     "all exact"], rows)
             + quiet + "\n\n" + save(fig, out, "failover"))
 
 

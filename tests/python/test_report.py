@@ -237,6 +237,10 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
     assert e["stall_s"] == pytest.approx(0.4)   # the slowest rank's, of the operation across the event
     assert e["after_s"] == pytest.approx(0.12)  # from 1 s after the event on
     assert e["exact"] is False                  # rank 1's result at 0.7 s was wrong
+    # Between the operation at 0.7 s (0.1 s) and the next at 1.5 s: 0.7 s of
+    # waiting that no operation's own time shows; none before the event.
+    assert e["wait_s"] == pytest.approx(0.7)
+    assert e["wait_before_s"] == pytest.approx(0.0)
     # Rank 0's path went down and was reconnected: one of two paths closed.
     assert report.paths_closed({"ranks": [r0, r1]}) == (1, 2)
     # Under background load a closed path is a false alarm, and the text says so.
