@@ -120,3 +120,13 @@ fi
 python3 scripts/flaky.py report --out "$out" --all >/dev/null || true
 echo "== tests that failed at least once (every test: $out/table.txt)"
 python3 scripts/flaky.py report --out "$out"
+# A clean sweep of every C++ test in all three builds: the list that
+# scripts/test.sh --full stops repeating (copy it to tests/cpp/swept.txt).
+swept_all() { for b in plain asan tsan; do [[ ",$builds," == *",$b"[,:]* ]] || return 1; done; }
+if [ -z "$filter" ] && [ -x build/flaky-plain/maestro_tests ] && swept_all; then
+  { echo "# The C++ tests of a clean sweep: scripts/flaky.sh --builds $builds at $(git rev-parse --short HEAD)"
+    echo "# (every test repeated, 0 failures). scripts/test.sh --full repeats the tests not listed here."
+    build/flaky-plain/maestro_tests --gtest_list_tests | awk '/^[^ ]/ { suite = $1 } /^  [^ ]/ { print suite $1 }' | sort -u
+  } >"$out/swept.txt"
+  echo "== every test swept in every build: the list is $out/swept.txt (for tests/cpp/swept.txt)"
+fi

@@ -12,8 +12,8 @@
 #                             the docs and report checks.
 #   scripts/test.sh --full    everything; what CI runs (.ci/run): the above,
 #                             the C++ tests again under ASan+UBSan and under
-#                             TSan, the once-flaky tests repeated, the fuzzers
-#                             for 30 s each, the matrices and behaviour tests
+#                             TSan, the once-flaky and new tests repeated, the
+#                             fuzzers for 30 s each, the matrices and behaviour tests
 #                             with the extension under ASan+UBSan (staging
 #                             forced), and the `full` Python tests: the lab
 #                             (network namespaces), Soft-RoCE (a VM), scale,
@@ -96,15 +96,25 @@ for san in address,undefined thread; do
      grep -v -E '^ *Start [0-9]+:|Test +#[0-9]+: .* Passed ' "$log" >&2; exit 1; }
 done
 
-# The tests that were once flaky, again 10 times under TSan in shuffled order
-# (about 6 s): before their fixes they failed 1 run in 100 (the shared-paths
-# thread count) and 1 in 10 (the event loop race); see docs/testing.md.
-# scripts/flaky.sh repeats every test; this keeps these fixed.
-stage "once-flaky tests, 10 shuffled repeats under TSan"
+# The tests that were once flaky, and every test added since the last clean
+# sweep of scripts/flaky.sh (the names in tests/cpp/swept.txt), again 10
+# times under TSan in shuffled order: before their fixes the once-flaky ones
+# failed 1 run in 100 (the shared-paths thread count) and 1 in 10 (the event
+# loop race); see docs/testing.md. A new test is repeated here until a sweep
+# of every build has run it 20-50 times without a failure.
+stage "once-flaky and new tests, 10 shuffled repeats under TSan"
 once_flaky='SharedPaths.SubgroupsRunBesideTheWorldOnItsPathsOnly:EventLoop.*'
+listed=$(build/sanitize-thread/maestro_tests --gtest_list_tests |
+  awk '/^[^ ]/ { suite = $1 } /^  [^ ]/ { print suite $1 }' | sort -u)
+[ -n "$listed" ] || { echo "error: maestro_tests listed no tests" >&2; exit 1; }
+mapfile -t new_tests < <(comm -13 <(grep -v '^#' tests/cpp/swept.txt | sort -u) <(echo "$listed") |
+  grep -v '^CollectivesScale\.SixtyFourRanksAsThreads$')
+echo "   ${#new_tests[@]} tests not yet swept${new_tests[*]:+: ${new_tests[*]}}"
+filter=$once_flaky
+for t in "${new_tests[@]}"; do filter="$filter:$t"; done
 (cd build/sanitize-thread && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ./maestro_tests \
-   --gtest_filter="$once_flaky" --gtest_repeat=10 --gtest_shuffle --gtest_brief=1 >flaky-repeat.log 2>&1) ||
-  { cat build/sanitize-thread/flaky-repeat.log >&2; echo "error: a once-flaky test failed again" >&2; exit 1; }
+   --gtest_filter="$filter" --gtest_repeat=10 --gtest_shuffle --gtest_brief=1 >flaky-repeat.log 2>&1) ||
+  { cat build/sanitize-thread/flaky-repeat.log >&2; echo "error: a once-flaky or new test failed" >&2; exit 1; }
 
 # The fuzzers, briefly, on top of their committed corpus (scripts/fuzz.sh).
 if command -v clang++ >/dev/null; then
