@@ -85,7 +85,8 @@ for spec in "${build_list[@]}"; do
     *) echo "unknown build '$name' (plain, asan, tsan, none)" >&2; exit 2 ;;
   esac
   dir="build/flaky-$name"
-  echo "== $name: building $dir"
+  # Each build takes the tree as it is when its turn comes: say which.
+  echo "== $name: building $dir at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- csrc tests || echo ' with local changes')"
   cmake -S . -B "$dir" -G Ninja -DMAESTRO_BUILD_TESTS=ON "${flags[@]}" >"$out/$name-build.log" 2>&1 &&
     cmake --build "$dir" -j "$jobs" --target maestro_tests >>"$out/$name-build.log" 2>&1 ||
     { tail -30 "$out/$name-build.log" >&2; exit 1; }
