@@ -131,7 +131,8 @@ bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resum
       if (!s.up) {
         // Re-probe a dead path in the background (its opener reconnects);
         // it is used again as soon as it answers.
-        if (probe && s.initiated && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
+        // (Not one that hunting is re-opening: its new connection is coming.)
+        if (probe && s.initiated && !s.hunt.active && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
         continue;
       }
       // A path that holds chunks or control messages without progress,
@@ -286,6 +287,15 @@ void Engine::reconnectLoop() {
 
 void Engine::reconnectPath(int peer, int id, Clock::time_point until) {
   setLogRank(rank_);
+  {
+    // Asked for while it was down; up again since (a hunt re-opened it
+    // meanwhile, on this thread): a reconnect now would replace a good
+    // connection, and count as a failure of it.
+    Peer& p = *peers_[peer];
+    std::lock_guard<std::mutex> lock(p.mu);
+    const int slot = slotOf(p, id);
+    if (slot < 0 || p.paths[slot].up) return;
+  }
   bool back = false;
   try {
     back = mesh_.transport->reconnect(peer, id, until);  // success also arrives as onPathUp
