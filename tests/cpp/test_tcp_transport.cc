@@ -97,6 +97,17 @@ class RawPeer : public ::testing::Test {
     } while (h->type == static_cast<uint8_t>(transport::tcp::FrameType::kMark));
     return true;
   }
+  // The transport's ACKs, up to one that counts `writes` (nothing else comes meanwhile).
+  void expectAcked(uint64_t writes) {
+    uint64_t acked = 0;
+    while (acked < writes) {
+      FrameHeader ack;
+      ASSERT_TRUE(readFrame(&ack));
+      ASSERT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
+      acked = ack.offset;
+    }
+    EXPECT_EQ(writes, acked);
+  }
   void expectUntouched() {
     for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
   }
@@ -323,14 +334,7 @@ TEST_F(RawPeer, FramesSplitIntoSingleBytesLandWhole) {
   }
   ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 2 && s.messages.size() == 1; }, 10));
   // Every write is ACKed, the last one included (it had no immediate).
-  uint64_t acked = 0;
-  while (acked < 3) {
-    FrameHeader ack;
-    ASSERT_TRUE(readFrame(&ack));
-    ASSERT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), ack.type);
-    acked = ack.offset;
-  }
-  EXPECT_EQ(3u, acked);
+  expectAcked(3);
   EXPECT_EQ(1u, sink_.now().arrivals[0].first);
   EXPECT_EQ(100u, sink_.now().arrivals[0].second);
   EXPECT_EQ(2u, sink_.now().arrivals[1].first);
@@ -654,14 +658,7 @@ TEST_F(RawPeer, WritesWithdrawnByTheirSenderAreDroppedUntilItsMark) {
   }
   EXPECT_EQ(2u, fenceDrops(*t_));
   // Dropped writes are acknowledged like landed ones: the sender's count goes on.
-  uint64_t acked = 0;
-  while (acked < 4) {
-    FrameHeader h;
-    ASSERT_TRUE(readFrame(&h));
-    ASSERT_EQ(static_cast<uint8_t>(transport::tcp::FrameType::kAck), h.type);
-    acked = h.offset;
-  }
-  EXPECT_EQ(4u, acked);
+  expectAcked(4);
   // A notice that arrives after its mark holds nothing back.
   t_->dropWritesUntil(0, 0, 5);
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 256, 8, true, 5), 8);

@@ -158,7 +158,7 @@ bool TcpPath::failed() const {
 
 bool TcpPath::settled() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return failed_ && unacked_.empty() && late_flush_.empty() && queue_.empty() && withdrawn_.empty();
+  return failed_ && unacked_.empty() && late_.empty() && queue_.empty();
 }
 
 void TcpPath::postWrite(const WriteRequest& req) {
@@ -171,8 +171,8 @@ void TcpPath::postWrite(const WriteRequest& req) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_ || stopping_) {
-      late_flush_.push_back(req.wr_id);  // completes with ok=false on the loop
-      flushLater();
+      late_.push_back({req.wr_id, false});  // completes with ok=false on the loop
+      completeLater();
       return;
     }
     if (by_reference_ && req.length > 0) {
@@ -534,37 +534,20 @@ uint64_t TcpPath::withdraw() {
     for (Unacked& u : unacked_) {  // oldest first
       if (u.withdrawn) continue;
       u.withdrawn = true;  // its bytes may still be leaving: the MARK follows them
-      withdrawn_.push_back(u.wr_id);
+      late_.push_back({u.wr_id, true});
     }
-    for (const Outgoing& o : queue_) withdrawn_.push_back(o.wr_id);
+    for (const Outgoing& o : queue_) late_.push_back({o.wr_id, true});
     queue_.clear();
     if (fences_ == UINT16_MAX) return 0;  // so many fences: its writes move when it is closed
     mark = markOf(connection_, ++fences_);
     Outgoing out;
     out.header = markFrame(mark);
     control_.push_back(std::move(out));
-    withdrawLater();
+    completeLater();
     error = pushLocked();
   }
   if (!error.empty()) failLater(error);
   return mark;
-}
-
-void TcpPath::withdrawLater() {
-  if (withdraw_scheduled_) return;
-  withdraw_scheduled_ = true;
-  loop_->post([self = shared_from_this()] {
-    std::vector<uint64_t> taken;
-    bool stopping;
-    {
-      std::lock_guard<std::mutex> lock(self->mu_);
-      taken.swap(self->withdrawn_);
-      self->withdraw_scheduled_ = false;
-      stopping = self->stopping_;
-    }
-    if (stopping) return;
-    for (uint64_t wr : taken) self->sink_->onWriteWithdrawn(self->peer_, self->path_, wr);
-  });
 }
 
 void TcpPath::dropUntil(uint64_t mark) {
@@ -606,19 +589,23 @@ void TcpPath::deliverFlush(std::vector<uint64_t>& wr_ids) {
   wr_ids.clear();
 }
 
-void TcpPath::flushLater() {
-  if (flush_scheduled_) return;
-  flush_scheduled_ = true;
+void TcpPath::completeLater() {
+  if (late_scheduled_) return;
+  late_scheduled_ = true;
   loop_->post([self = shared_from_this()] {
-    std::vector<uint64_t> flush;
+    std::vector<Late> late;
     bool stopping;
     {
       std::lock_guard<std::mutex> lock(self->mu_);
-      flush.swap(self->late_flush_);
-      self->flush_scheduled_ = false;
+      late.swap(self->late_);
+      self->late_scheduled_ = false;
       stopping = self->stopping_;
     }
-    if (!stopping) self->deliverFlush(flush);
+    if (stopping) return;
+    for (const Late& l : late) {
+      if (l.withdrawn) self->sink_->onWriteWithdrawn(self->peer_, self->path_, l.wr_id);
+      else self->sink_->onWriteComplete(self->peer_, self->path_, l.wr_id, false);
+    }
   });
 }
 
@@ -645,12 +632,15 @@ void TcpPath::fail(const std::string& why) {
       for (auto& o : queue_) flushed.push_back(o.wr_id);
       for (const Unacked& u : unacked_)
         if (!u.withdrawn) flushed.push_back(u.wr_id);
-      flushed.insert(flushed.end(), late_flush_.begin(), late_flush_.end());
+      for (const Late& l : late_)  // the withdrawn ones are the loop task's still
+        if (!l.withdrawn) flushed.push_back(l.wr_id);
+      late_.erase(std::remove_if(late_.begin(), late_.end(), [](const Late& l) { return !l.withdrawn; }),
+                  late_.end());
     }
     queue_.clear();
     control_.clear();
     unacked_.clear();
-    late_flush_.clear();
+    if (stopping_) late_.clear();  // nobody wants completions
     batch_.clear();
     iov_.clear();
     iov_next_ = 0;

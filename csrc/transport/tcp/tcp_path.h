@@ -118,8 +118,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   void countLanded();               // loop thread: a WRITE frame is done with (the ACK counts it)                  // our liveness word: this connection's writes may not be read
   void fail(const std::string& why);
   void failLater(const std::string& why);  // from a thread that may hold the caller's locks
-  void flushLater();                       // complete late_flush_ on the loop thread
-  void withdrawLater();                    // complete withdrawn_ as withdrawn on the loop thread
+  void completeLater();                    // complete late_ on the loop thread
   bool dropping() const { return rx_marks_ < rx_drop_until_; }
   void resetReceive();                     // loop thread: drop a half-read frame and its grant
   void releaseGrant();                     // loop thread: the destination region is no longer pinned
@@ -146,10 +145,14 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   size_t iov_next_ = 0;
   FrameHeader ack_;                    // the ACK frame inside batch_, if any
   bool want_write_ = false;            // EPOLLOUT requested
-  bool flush_scheduled_ = false;       // a loop task will deliver late_flush_
-  std::vector<uint64_t> late_flush_;   // writes to complete with ok=false (on the loop)
-  bool withdraw_scheduled_ = false;    // a loop task will deliver withdrawn_
-  std::vector<uint64_t> withdrawn_;    // writes to complete as withdrawn (on the loop)
+  // Writes to complete on the loop: flushed (ok=false: posted to a failed
+  // path) or withdrawn (withdraw()); a loop task will deliver them.
+  struct Late {
+    uint64_t wr_id = 0;
+    bool withdrawn = false;
+  };
+  std::vector<Late> late_;
+  bool late_scheduled_ = false;
   uint16_t fences_ = 0;                // withdraw()s so far (the low bits of the marks)
   uint64_t writes_acked_ = 0;          // ACKs processed (sender side)
   uint64_t writes_received_ = 0;       // WRITE frames landed (receiver side)
