@@ -531,6 +531,10 @@ uint64_t TcpPath::withdraw() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_ || stopping_) return 0;
+    // So many fences on one connection: its writes stay, and move when it
+    // is closed. (Checked before any is taken back: nothing else would
+    // complete them.)
+    if (fences_ == UINT16_MAX) return 0;
     for (Unacked& u : unacked_) {  // oldest first
       if (u.withdrawn) continue;
       u.withdrawn = true;  // its bytes may still be leaving: the MARK follows them
@@ -538,7 +542,6 @@ uint64_t TcpPath::withdraw() {
     }
     for (const Outgoing& o : queue_) late_.push_back({o.wr_id, true});
     queue_.clear();
-    if (fences_ == UINT16_MAX) return 0;  // so many fences: its writes move when it is closed
     mark = markOf(connection_, ++fences_);
     Outgoing out;
     out.header = markFrame(mark);
