@@ -134,16 +134,18 @@ void ChannelMux::deliver(uint32_t channel, int peer, Fn&& fn) {
   ch.delivering.fetch_sub(1);
 }
 
+namespace {
+// A wr_id as the mux sees it: the channel in its top byte, the group's own id below.
+uint32_t channelOf(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> kWrIdChannelShift); }
+uint64_t groupWrId(uint64_t wr_id) { return wr_id & ((uint64_t{1} << kWrIdChannelShift) - 1); }
+}  // namespace
+
 void ChannelMux::onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) {
-  const auto channel = static_cast<uint32_t>(wr_id >> kWrIdChannelShift);
-  const uint64_t id = wr_id & ((uint64_t{1} << kWrIdChannelShift) - 1);
-  deliver(channel, peer, [&](ChannelSink* s, int r) { s->onWriteComplete(r, path, id, ok); });
+  deliver(channelOf(wr_id), peer, [&](ChannelSink* s, int r) { s->onWriteComplete(r, path, groupWrId(wr_id), ok); });
 }
 
 void ChannelMux::onWriteWithdrawn(int peer, int path, uint64_t wr_id) {
-  const auto channel = static_cast<uint32_t>(wr_id >> kWrIdChannelShift);
-  const uint64_t id = wr_id & ((uint64_t{1} << kWrIdChannelShift) - 1);
-  deliver(channel, peer, [&](ChannelSink* s, int r) { s->onWriteWithdrawn(r, path, id); });
+  deliver(channelOf(wr_id), peer, [&](ChannelSink* s, int r) { s->onWriteWithdrawn(r, path, groupWrId(wr_id)); });
 }
 
 void ChannelMux::onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) {

@@ -1181,9 +1181,7 @@ void Engine::fence(Peer& p, int path) {
   // Only where they can go: with no other path in use they stay (and the
   // path keeps carrying traffic, see Peer::usable()).
   bool elsewhere = false;
-  for (size_t i = 0; i < p.paths.size(); ++i)
-    elsewhere = elsewhere || (static_cast<int>(i) != path && p.paths[i].up && !p.paths[i].doubted &&
-                              !p.paths[i].hunt.active);
+  for (const PathSlot& s : p.paths) elsewhere = elsewhere || (&s != &slot && Peer::inUse(s));
   if (!elsewhere) return;
   // The chunks in flight come back as withdrawn (onWriteWithdrawn) and are
   // sent again on the other paths, after the notice to drop the originals,

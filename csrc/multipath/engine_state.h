@@ -127,11 +127,13 @@ struct Engine::Peer {
   // A path being re-opened by hunting is set aside the same way.
   bool usable(size_t i) const {
     if (!paths[i].up) return false;
-    if (!paths[i].doubted && !paths[i].hunt.active) return true;
+    if (inUse(paths[i])) return true;
     for (const auto& s : paths)
-      if (s.up && !s.doubted && !s.hunt.active) return false;
+      if (inUse(s)) return false;
     return true;
   }
+  // Up, not in doubt, not being re-opened.
+  static bool inUse(const PathSlot& s) { return s.up && !s.doubted && !s.hunt.active; }
   std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
   std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the scheduler's pull() picks the path that takes each
   std::unique_ptr<Scheduler> scheduler;
