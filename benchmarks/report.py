@@ -123,7 +123,9 @@ def provenance(rec: dict) -> str:
     m = rec["machine"]
     return (f"\n*Measured {rec['date']} with `{rec['command']}` ({'quick' if rec['quick'] else 'full'} mode, "
             f"{rec['seconds']:.0f} s) on {m['cores']} cores ({m['cpu']}), {m['memory_GiB']} GiB, Linux {m['kernel']}, "
-            f"torch {m['torch']}, maestro {m['maestro_commit']}. Lab: {rec['data'].get('lab', '')}.*\n")
+            f"torch {m['torch']}, maestro {m['maestro_commit']}"
+            + (f", host load average {m['load_at_start']} at the start" if "load_at_start" in m else "")
+            + f". Lab: {rec['data'].get('lab', '')}.*\n")
 
 
 def save(fig, out: str, name: str) -> str:

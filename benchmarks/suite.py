@@ -495,6 +495,13 @@ def main() -> int:
                + (" --no-ddp" if args.no_ddp else ""))
     ctx = Ctx(args.quick, args.out, command, args.no_ddp)
     info = machine()
+    # Every figure assumes the lab has the host to itself: 2 cores drive 4 to
+    # 16 ranks, so another process's load shows up in the timings (a record
+    # taken beside a test sweep once read 20 % slow). Said, and kept with it.
+    info["load_at_start"] = round(os.getloadavg()[0], 2)
+    if info["load_at_start"] > 0.5:
+        print(f"WARNING: the host's load average is {info['load_at_start']} before the suite starts: another "
+              "process is using the CPU, and these timings will show it", file=sys.stderr, flush=True)
     start = time.time()
     failed = []
     for i, name in enumerate(names):
