@@ -992,6 +992,8 @@ def perf_congestion(recs: dict) -> tuple[str, list[str]]:
     size from 4 MiB: each one's spread of iterations and median busbw."""
     runs = recorded(recs, "collectives")["data"]["runs"]
     rows, other = [], None
+    spread = {}  # variant -> the largest slowest / fastest iteration of any size
+    ratios = {}  # size -> default / other, per mode
     for mode in ("pinned", "ecmp"):
         run = runs[f"{mode}/allreduce"]
         get = {(r["variant"], r["bytes"]): r for r in run["rows"]}
@@ -1000,13 +1002,22 @@ def perf_congestion(recs: dict) -> tuple[str, list[str]]:
             pair = [get.get((v, size)) for v in ("adaptive", other)]
             if None in pair:
                 continue
+            for v, r in zip(("adaptive", other), pair):
+                spread[v] = max(spread.get(v, 0.0), max(r["times"]) / min(r["times"]))
+            ratio = pair[0]["busbw_GBps"] / pair[1]["busbw_GBps"]
+            ratios.setdefault(size, []).append(f"{mode} {ratio:.2f}x")
             rows.append([f"{mode} {size_label(size)} ({pair[0]['iters']})"]
                         + [f"{min(r['times']):.3f}-{max(r['times']):.3f}, busbw {r['busbw_GBps'] * 1e3:.1f} MB/s"
                            for r in pair]
-                        + [f"{pair[0]['busbw_GBps'] / pair[1]['busbw_GBps']:.2f}x"])
-    return table(["allreduce (iterations)", CONGESTION_LABELS["adaptive"] + " iterations, s",
-                  CONGESTION_LABELS[other or "adaptive+kernel"] + " iterations, s", "default / other"], rows), \
-        ["collectives"]
+                        + [f"{ratio:.2f}x"])
+    other = other or "adaptive+kernel"
+    text = table(["allreduce (iterations)", CONGESTION_LABELS["adaptive"] + " iterations, s",
+                  CONGESTION_LABELS[other] + " iterations, s", "default / other"], rows)
+    if spread:
+        text += (f"\n\nThe slowest iteration of any size took {spread['adaptive']:.1f} times the fastest under the "
+                 f"default and {spread[other]:.1f} times under {other}; default over {other}, median busbw: "
+                 + "; ".join(f"{size_label(s)} {', '.join(v)}" for s, v in sorted(ratios.items())) + ".")
+    return text, ["collectives"]
 
 
 PERFORMANCE_TABLES = {"loopback": perf_loopback, "targets": perf_targets, "congestion": perf_congestion}
