@@ -462,7 +462,7 @@ void Engine::markUnreachable(Peer& peer, const std::string& why) {
   if (!peer.unreachable) {
     peer.unreachable = true;
     peer.error = why;
-    if (peer.left) MAESTRO_INFO(why);
+    if (peer.left || stopping_) MAESTRO_INFO(why);
     else MAESTRO_WARN(why);
   }
   failSends(peer, peer.error);
@@ -1059,7 +1059,9 @@ void Engine::pathDown(Peer& p, int path, const std::string& what) {
         MAESTRO_INFO("path ", path, " to rank ", peer, ": the connection on the old route is retired");
       } else {
         // On shared paths the group that owns them warns; the others inform.
-        const LogLevel level = owner_ ? LogLevel::kInfo : LogLevel::kWarn;
+        // A group being destroyed informs: its peers leave as it does, and
+        // one whose goodbye a reset overtook is no news to anyone.
+        const LogLevel level = owner_ || stopping_ ? LogLevel::kInfo : LogLevel::kWarn;
         if (logLevel() >= level)
           logLine(level, strcat("path ", path, " to rank ", peer, " (", slot.description, ") is down: ", what));
         // The peer may not notice (a blackhole swallows our close) and only

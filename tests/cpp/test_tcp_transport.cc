@@ -537,6 +537,80 @@ TEST_F(RawPeerSlowSink, AWriteThatLandedIsAcknowledgedEvenWhenShutdownFollowsIts
   EXPECT_EQ(1u, ack.offset);
 }
 
+// Holds the event loop in the arrival of a write with immediate kHold until
+// the test opens the gate.
+class GateSink : public RecordingSink {
+ public:
+  static constexpr uint32_t kHold = 77;
+  void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override {
+    if (imm == kHold) {
+      std::unique_lock<std::mutex> lock(gate_mu_);
+      held_ = true;
+      gate_cv_.notify_all();
+      gate_cv_.wait(lock, [&] { return open_; });
+    }
+    RecordingSink::onWriteArrived(peer, path, imm, length);
+  }
+  bool waitHeld() {
+    std::unique_lock<std::mutex> lock(gate_mu_);
+    return gate_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return held_; });
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    open_ = true;
+    gate_cv_.notify_all();
+  }
+
+ private:
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool held_ = false, open_ = false;
+};
+
+class RawPeerGated : public RawPeer {
+  void configure(transport::TransportOptions& o) override { o.sink = &gate_; }
+ protected:
+  GateSink gate_;
+};
+
+// A rank that leaves sends its goodbye, closes, and resets the connection
+// when our bytes reached it after it stopped reading. A send of ours that
+// then fails must not lose the goodbye, which the kernel still holds for us:
+// the engine would take the exit for a crash. The loop is held on path 1
+// while path 0's peer says goodbye, closes with a reset and our send on
+// path 0 fails, so the failure is handled before the loop has seen the
+// goodbye arrive.
+TEST_F(RawPeerGated, AMessageBeforeTheResetIsReadWhenOurSendFailsOnIt) {
+  ASSERT_EQ(0u, hello(0, 1));
+  const int hold = fd_;
+  ASSERT_EQ(0u, hello(0, 0));
+  const FrameHeader w = transport::tcp::writeFrame(region_.id, key_, 0, 50, true, GateSink::kHold);
+  std::vector<uint8_t> payload(50, 0xA1);
+  net::writeFull(hold, &w, sizeof w);
+  net::writeFull(hold, payload.data(), payload.size());
+  ASSERT_TRUE(gate_.waitHeld()) << "the write on path 1 never arrived";
+  // Path 0's peer: goodbye, close (FIN), and a reset.
+  const FrameHeader bye = transport::tcp::sendFrame(3);
+  net::writeFull(fd_, &bye, sizeof bye);
+  net::writeFull(fd_, "bye", 3);
+  ::shutdown(fd_, SHUT_WR);
+  linger l{1, 0};
+  setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::close(fd_);
+  fd_ = -1;
+  // Loopback delivers the reset at once; should it come later, the send
+  // below goes out and the path fails on the read instead (the test passes
+  // without proving its point, never the reverse).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  t_->postSend(0, 0, "x", 1);
+  gate_.open();
+  ASSERT_TRUE(gate_.waitFor([&](const auto& r) { return !r.errors.empty(); }, 10)) << "path 0 never failed";
+  auto r = gate_.now();
+  EXPECT_EQ(std::vector<std::string>{"bye"}, r.messages) << "the goodbye before the reset was lost; path error: "
+                                                          << r.errors[0];
+  ::close(hold);
+}
+
 // The path's own counters: its congestion control and TCP_INFO's bytes.
 class RawPeerReno : public RawPeer {
   void configure(transport::TransportOptions& o) override { o.tcp_congestion = "reno"; }

@@ -81,6 +81,15 @@ TcpPath::~TcpPath() {
     // so a reconnect can reuse it (same 5-tuple, same route).
     linger l{1, 0};
     setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  } else {
+    // A socket closed with bytes unread resets its connection, and a reset
+    // discards what it had not sent yet: our goodbye, which stop() handed
+    // to the kernel. What the peer sent since stop() is read and dropped, so
+    // the close is an orderly one (bounded: a peer that keeps sending gets
+    // its reset).
+    uint8_t scratch[16384];
+    for (int i = 0; i < 64 && ::recv(fd_, scratch, sizeof scratch, MSG_DONTWAIT) > 0; ++i) {
+    }
   }
   ::close(fd_);
 }
@@ -281,7 +290,7 @@ void TcpPath::onEvents(uint32_t events) {
       std::lock_guard<std::mutex> lock(mu_);
       error = pushLocked();
     }
-    if (!error.empty()) fail(error);
+    if (!error.empty()) failSending(error);
   }
 }
 
@@ -613,7 +622,21 @@ void TcpPath::completeLater() {
 }
 
 void TcpPath::failLater(const std::string& why) {
-  loop_->post([self = shared_from_this(), why] { self->fail(why); });
+  loop_->post([self = shared_from_this(), why] { self->failSending(why); });
+}
+
+void TcpPath::failSending(const std::string& why) {
+  // A send fails on the peer's reset, which may follow its last frames (a
+  // goodbye, an ACK) into our receive queue: the kernel keeps them readable.
+  // They are read first, in order, so a peer that left is not taken for one
+  // that crashed. The read's own error, if it meets one, is the path's.
+  bool live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live = !failed_ && !stopping_;
+  }
+  if (live) receive();
+  fail(why);
 }
 
 void TcpPath::fail(const std::string& why) {

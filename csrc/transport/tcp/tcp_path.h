@@ -118,6 +118,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   void countLanded();               // loop thread: a WRITE frame is done with (the ACK counts it)                  // our liveness word: this connection's writes may not be read
   void fail(const std::string& why);
   void failLater(const std::string& why);  // from a thread that may hold the caller's locks
+  void failSending(const std::string& why);  // loop thread: a send failed; read what came before failing
   void completeLater();                    // complete late_ on the loop thread
   bool dropping() const { return rx_marks_ < rx_drop_until_; }
   void resetReceive();                     // loop thread: drop a half-read frame and its grant
