@@ -248,9 +248,8 @@ TEST(SharedPaths, APathThatFailsUnderAGroupFailsOverAndComesBack) {
   // scratch credits, so its paths may all be idle for a moment (every chunk
   // acknowledged, the next credit not back yet); the allgather's segments
   // are all ready by then and queue up behind the paths' windows. So the
-  // close waits until this rank's allgather has begun, with chunks already
-  // acknowledged on the path it closes: chunks are then in flight on it,
-  // and megabytes are still to go.
+  // close waits until this rank's allgather has begun, with chunks in flight
+  // on the path it closes, and megabytes still to go.
   const uint64_t chunk_bytes = 4096;  // twoPaths()'s chunk_size
   const uint64_t half_chunks = count * sizeof(float) / 2 / chunk_bytes;
   std::atomic<int> finished{0};
@@ -261,7 +260,12 @@ TEST(SharedPaths, APathThatFailsUnderAGroupFailsOverAndComesBack) {
     while (finished.load() == 0 && Clock::now() < until) {
       uint64_t sent = 0;
       for (const auto& s : closer_side.pathStats()) sent += s.chunks_sent;
-      if (sent > half_chunks + 32 && slot(closer_side, closed_peer, closed_path).chunks_sent > 0) {
+      // ...and chunks of this group are in flight on the path (posted, not
+      // yet acknowledged): a close then flushes them and they are sent again.
+      // A moment when every chunk on it is acknowledged (adaptive's choice,
+      // or this thread descheduled past the allgather) would leave nothing
+      // to re-send: the test waits for the next poll instead.
+      if (sent > half_chunks + 32 && closer_side.inflightOn(closed_peer, closed_path) > 0) {
         for (int r = 0; r < n; ++r) other_path_bytes_at_close += slot(*g[r], 1 - r, other_path).bytes_sent;
         closed_mid_operation = finished.load() == 0;
         w[0]->transport().closePath(1, closed_path, "closed by the test");
