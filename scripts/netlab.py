@@ -878,16 +878,21 @@ class Lab:
             self.link_up(l, spine)
 
     # ------------------------------------------------------------ processes
-    def popen(self, node, argv, **kw) -> subprocess.Popen:
+    def popen(self, node, argv, *, prefork=None, **kw) -> subprocess.Popen:
         """Start argv (list, or str run by sh -c) inside node's namespace.
 
         node: host index or node name ('h0', 'L1', 's2').  kw go to subprocess.Popen.
+        prefork: a scripts/prefork.py Prefork; argv is then [python, SCRIPT or -c, ...]
+        and the process is forked from it (torch already imported), not started.
         The process is tracked and killed by down()."""
         if isinstance(argv, str):
             argv = ["sh", "-c", argv]
         env = dict(kw.pop("env", None) or os.environ)
         env.update(NETLAB_PREFIX=self.prefix, NETLAB_NODE=self._node(node))
-        p = subprocess.Popen(["ip", "netns", "exec", self.ns(node), *argv], env=env, **kw)
+        if prefork is not None:
+            p = prefork.popen(argv[1:], env=env, netns=self.ns(node), **kw)
+        else:
+            p = subprocess.Popen(["ip", "netns", "exec", self.ns(node), *argv], env=env, **kw)
         self._procs = [q for q in self._procs if q.poll() is None] + [p]
         return p
 

@@ -1,6 +1,8 @@
-"""Launch ranks as real processes (spawned, each with its own torch and its
-own maestro engine) and collect what each returns or raises. Never hangs: a
-rank still running at the deadline is killed and reported.
+"""Launch ranks as real processes (each with its own torch and its own
+maestro engine) and collect what each returns or raises. Never hangs: a rank
+still running at the deadline is killed and reported. The ranks are forked
+from a server that has imported torch (scripts/prefork.py) and end through the
+interpreter's normal exit, as a spawned process does.
 
 As under torchrun, the launcher (the "agent") hosts the c10d store on a port
 the kernel picks, and every rank joins it as a client
@@ -8,63 +10,110 @@ the kernel picks, and every rank joins it as a client
 listener can take in between, and the store outlives any rank."""
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
+import pickle
+import shutil
+import sys
+import tempfile
+import time
 import traceback
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts"))
+from prefork import Prefork  # noqa: E402
 
-def _child(rank, world, port, env, target, args, out):
+_prefork = None
+
+
+def _server() -> Prefork:
+    """The fork server (scripts/prefork.py) the ranks are forked from: torch
+    is imported once in it, not once per rank (2.5 s of CPU each). A rank
+    still ends through the interpreter's normal exit, as a spawned one does
+    (a group not destroyed says goodbye from its destructor)."""
+    global _prefork
+    if _prefork is None:
+        import atexit
+
+        _prefork = Prefork()
+        atexit.register(_prefork.close)
+    return _prefork
+
+
+def _rank_main(path: str) -> None:
+    """In a rank process: run the call pickled at path, pickle its outcome to
+    path + ".out"."""
+    with open(path, "rb") as f:
+        rank, world, port, env, target, args = pickle.load(f)
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "TORCHELASTIC_USE_AGENT_STORE": "True"})
     os.environ.update(env)
     try:
-        out.put((rank, "ok", target(rank, world, *args)))
+        outcome = (rank, "ok", target(rank, world, *args))
     except BaseException as e:  # noqa: BLE001 - everything goes back to the test
-        out.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        outcome = (rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(outcome, f)
+    os.replace(path + ".tmp", path + ".out")
 
 
 def run_ranks(world: int, target, *args, env: dict | None = None, rank_env: dict | None = None,
               timeout: float = 300.0):
     """Run target(rank, world, *args) on `world` processes (env for all, rank_env
-    {rank: env} for some). Returns a list of
-    (status, value) per rank: ("ok", return value), ("error", text) or
-    ("killed", text) for a rank that did not finish in time."""
+    {rank: env} for some; each starts from the test's environment at the
+    call). Returns a list of (status, value) per rank: ("ok", return value),
+    ("error", text) or ("killed", text) for a rank that did not finish in time."""
     import datetime
 
     import torch.distributed as dist
 
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
     port = store.port
-    procs = [ctx.Process(target=_child, args=(r, world, port, {**(env or {}), **(rank_env or {}).get(r, {})},
-                                              target, args, out), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results: list = [None] * world
-    import time
-    deadline = time.monotonic() + timeout
-    pending = world
-    while pending and time.monotonic() < deadline:
-        try:
-            rank, status, value = out.get(timeout=0.5)
-        except queue.Empty:
-            if all(not p.is_alive() for p in procs) and out.empty():
+    work = tempfile.mkdtemp(prefix="ranks-")
+    os.chmod(work, 0o1777)  # a rank may give up root before it writes its outcome
+    server = _server()
+    procs = []
+    try:
+        for r in range(world):
+            path = os.path.join(work, f"rank{r}")
+            with open(path, "wb") as f:
+                pickle.dump((r, world, port, {**(env or {}), **(rank_env or {}).get(r, {})}, target, args), f)
+            code = f"import sys; sys.path[:0] = {[HERE] + sys.path!r}; import launcher; launcher._rank_main({path!r})"
+            procs.append(server.popen(["-c", code]))
+        results: list = [None] * world
+
+        def collect():
+            for r in range(world):
+                out = os.path.join(work, f"rank{r}.out")
+                if results[r] is None and os.path.exists(out):
+                    with open(out, "rb") as f:
+                        results[r] = pickle.load(f)[1:]
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ended = [p.poll() is not None for p in procs]
+            collect()  # after the polls: a rank that ended has written its outcome
+            if all(res is not None or end for res, end in zip(results, ended)):
                 break
-            continue
-        results[rank] = (status, value)
-        pending -= 1
-    for r, p in enumerate(procs):
-        p.join(timeout=5 if results[r] else 0.1)
-        if p.is_alive():
-            p.kill()
-            p.join()
-        if results[r] is None:
-            results[r] = ("killed", f"rank {r} did not finish within {timeout} s (exit code {p.exitcode})")
+            time.sleep(0.02)
+        collect()
+        for r, p in enumerate(procs):
+            try:
+                p.wait(timeout=5 if results[r] else 0.1)
+            except Exception:  # noqa: BLE001 - still running: killed below
+                pass
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if results[r] is None:
+                results[r] = ("killed", f"rank {r} did not finish within {timeout} s (exit code {p.returncode})")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(work, ignore_errors=True)
     del store
     return results
 
