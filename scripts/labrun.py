@@ -22,6 +22,8 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import prefork  # noqa: E402
 
 
 class RankResult:
@@ -141,43 +143,27 @@ def rendezvous_port(lab, host: int, span: int = 12000) -> int:
     return random.choice(free)
 
 
-_prefork = None
-
-
-def prefork():
-    """The process's Prefork server (scripts/prefork.py), started on first use
-    and ended at exit: rank processes forked from it skip importing torch."""
-    global _prefork
-    if _prefork is None:
-        import atexit
-
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from prefork import Prefork
-        _prefork = Prefork()
-        atexit.register(_prefork.close)
-    return _prefork
-
-
 def start(lab, script_argv: list[str], *, world: int | None = None, hosts: list[int] | None = None,
           env: dict | None = None, rank_env_extra: dict | None = None, python: str | None = None,
           on_line=None, fork: bool | None = None) -> RankSet:
     """Start `python script_argv...` as rank i on host hosts[i] (default:
     host i, for i < world). on_line(rank, stream, line) sees every line.
-    fork: the ranks are forked from prefork()'s server (torch imported once,
-    not once per rank), the default for this interpreter's Python scripts
-    unless LABRUN_PREFORK=0; False starts each with `ip netns exec python`."""
+    fork: the ranks are forked from scripts/prefork.py's shared server
+    (torch imported once, not once per rank), the default for this
+    interpreter's Python scripts unless LABRUN_PREFORK=0; False starts each
+    with `ip netns exec python`."""
     hosts = hosts or list(range(world or lab.cfg.hosts))
     world = len(hosts)
     port = rendezvous_port(lab, hosts[0])
     if fork is None:
         fork = (python in (None, sys.executable) and os.environ.get("LABRUN_PREFORK", "1") != "0"
-                and (script_argv[:1] == ["-c"] or script_argv[0].endswith(".py")))
+                and prefork.runs(script_argv))
     python = python or sys.executable
     procs = []
     for rank, host in enumerate(hosts):
         e = rank_env(lab, rank, host, hosts[0], world, port, {**(env or {}), **(rank_env_extra or {}).get(rank, {})})
         procs.append(lab.popen(host, [python] + script_argv, env=e, cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, prefork=prefork() if fork else None))
+                               stderr=subprocess.PIPE, text=True, prefork=prefork.shared() if fork else None))
     return RankSet(procs, on_line)
 
 
@@ -206,7 +192,6 @@ def torchrun(lab, script_argv: list[str], *, env: dict | None = None, timeout: f
 def main() -> int:
     import argparse
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import netlab
 
     ap = argparse.ArgumentParser(description="torchrun across a netlab leaf-spine lab, one node per host namespace "

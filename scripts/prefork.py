@@ -40,6 +40,27 @@ PRELOAD = ("torch", "torch.distributed")
 CLONE_NEWNET = 0x40000000
 
 
+def runs(argv: list[str]) -> bool:
+    """Whether argv (what follows `python`) is what a Prefork child can run:
+    a Python script or -c CODE."""
+    return argv[:1] == ["-c"] or (bool(argv) and argv[0].endswith(".py"))
+
+
+_shared = None
+
+
+def shared() -> "Prefork":
+    """This process's server, started on first use and closed at exit (the
+    one the runners share)."""
+    global _shared
+    if _shared is None:
+        import atexit
+
+        _shared = Prefork()
+        atexit.register(_shared.close)
+    return _shared
+
+
 class ForkedProcess:
     """A child of the prefork server, as the caller sees it: pipes it owns,
     and the exit status the server reports on the request's connection."""
@@ -114,13 +135,13 @@ class Prefork:
         """Run `python argv...` in a child forked from the server. stdout and
         stderr: subprocess.PIPE for pipes read through p.stdout / p.stderr,
         None to share the caller's."""
-        if argv[:1] != ["-c"] and not argv[:1][0].endswith(".py"):
+        if not runs(argv):
             raise ValueError(f"prefork runs a Python script or -c CODE, not {argv[:1]}")
         pipes, theirs = [], []
         for want, default in ((stdout, 1), (stderr, 2)):
             if want == subprocess.PIPE:
                 r, w = os.pipe()
-                pipes.append(open(r, "r" if text else "rb", **({"encoding": "utf-8", "errors": "replace"} if text else {})))
+                pipes.append(open(r, "r", encoding="utf-8", errors="replace") if text else open(r, "rb"))
                 theirs.append(w)
             else:
                 pipes.append(None)
