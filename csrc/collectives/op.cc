@@ -1,5 +1,6 @@
 #include "collectives/op.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -142,16 +143,22 @@ void OpContext::run(const std::function<bool()>& step, const std::function<std::
   for (int peer : depends()) engine_.connect(peer);
   for (;;) {
     uint64_t seen = engine_.eventCount();
-    if (step()) return;
     // A peer is marked unreachable only after everything it sent before it
     // left (its goodbye, then its connections' close) has been delivered.
-    // That may have happened since step() looked -- the last message of a
-    // neighbour that finished first and destroyed its group -- so look once
-    // more before failing: this operation may need nothing more from it.
-    bool all_reachable = true;
-    for (int peer : depends()) all_reachable = all_reachable && engine_.reachable(peer);
-    if (!all_reachable && step()) return;
-    checkHealth(depends());
+    // So the peers found unreachable *before* step() looks are the ones it
+    // can fail on: if step() still waits for one of them, that will never
+    // come. A peer marked while or after step() looked may have delivered
+    // its last message (a neighbour that finished first and destroyed its
+    // group) too late for it: the mark is an event, so the next round looks
+    // again before judging it.
+    std::vector<int> lost;
+    for (int peer : depends())
+      if (!engine_.reachable(peer)) lost.push_back(peer);
+    if (step()) return;
+    std::vector<int> failed;
+    for (int peer : depends())
+      if (std::find(lost.begin(), lost.end(), peer) != lost.end()) failed.push_back(peer);
+    checkHealth(failed);
     if (!engine_.waitEvent(seen, deadline_) && Clock::now() >= deadline_) {
       // Which ranks are not in this operation, from the marks of the ranks
       // that timed out in it (collectives/desync.h); the abort goes out

@@ -179,10 +179,28 @@ void PointToPoint::loop() {
       unexpected_.erase(it);
       match(r, ready);
     }
+    // A peer is marked unreachable only after all it sent before it left has
+    // been delivered: one found unreachable now has nothing more to come
+    // for what this round looks at. One marked later (its last write landing
+    // meanwhile) is judged next round, which its mark wakes.
+    std::vector<char> waits(n_, 0);
+    for (const auto& r : posted_) {
+      if (r->peer >= 0) waits[r->peer] = 1;
+      else waits.assign(n_, 1);
+    }
+    std::vector<std::string> lost(n_);
+    for (int p = 0; p < n_; ++p) {
+      if (p == engine_.rank() || !(waits[p] || !sends_[p].empty() || !matched_[p].empty())) continue;
+      try {
+        engine_.checkPeer(p);
+      } catch (const Error& e) {
+        lost[p] = e.what();
+      }
+    }
     std::vector<multipath::P2PMessage> messages;
     engine_.takeP2P(&messages);
     for (auto& m : messages) handle(m);
-    progress();
+    progress(lost);
 
     // Sleep until something happens or the nearest deadline.
     Deadline wake = Clock::now() + std::chrono::milliseconds(200);
@@ -448,18 +466,14 @@ void PointToPoint::finish(std::shared_ptr<Recv> r, std::exception_ptr err) {
   r->done = nullptr;
 }
 
-void PointToPoint::progress() {
+void PointToPoint::progress(const std::vector<std::string>& lost) {
   const auto now = Clock::now();
   std::string interrupted;
   const bool stop_all = engine_.interrupted(&interrupted);
   auto peerError = [&](int peer, std::string* why) {
-    try {
-      engine_.checkPeer(peer);
-      return false;
-    } catch (const Error& e) {
-      *why = e.what();
-      return true;
-    }
+    if (lost[peer].empty()) return false;
+    *why = lost[peer];
+    return true;
   };
 
   for (int p = 0; p < n_; ++p) {

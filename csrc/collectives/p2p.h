@@ -92,7 +92,10 @@ class PointToPoint {
   void onDone(const multipath::P2PMessage& m);   // thread
   void match(std::shared_ptr<Recv> r, const Ready& ready);  // thread
   void grant(Matched& m);                        // thread: tags available
-  void progress();                               // thread: completions, deadlines, dead peers
+  // Thread: completions, deadlines, dead peers. `lost[p]` is why peer p was
+  // unreachable (empty: it was not) when the round began, before its
+  // messages were taken and its operations looked at.
+  void progress(const std::vector<std::string>& lost);
   void finish(std::shared_ptr<Send> s, std::exception_ptr error);
   void finish(std::shared_ptr<Recv> r, std::exception_ptr error);
   void freeTags(int peer, const std::vector<uint32_t>& tags);
