@@ -101,8 +101,8 @@ done
 # times under TSan in shuffled order: before their fixes the once-flaky ones
 # failed 1 run in 100 (the shared-paths thread count), 1 in 10 (the event
 # loop race) and 1 round in 300 (a peer's leaving judged before its last
-# message was looked at); see docs/testing.md. A new test is repeated here until a sweep
-# of every build has run it 20-50 times without a failure.
+# message was looked at); see docs/testing.md. A new test is repeated here
+# until a sweep of every build has run it 20-50 times without a failure.
 stage "once-flaky and new tests, 10 shuffled repeats under TSan"
 once_flaky='SharedPaths.SubgroupsRunBesideTheWorldOnItsPathsOnly:EventLoop.*:Connect.AnExchangeOnNewPairsThenEveryRankLeaves:Connect.APeerThatLeaves*'
 listed=$(build/sanitize-thread/maestro_tests --gtest_list_tests |
