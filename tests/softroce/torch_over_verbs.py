@@ -37,7 +37,7 @@ def rank_main(rank, world, port, out):
         os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                            "WORLD_SIZE": str(world), "MAESTRO_TRANSPORT": "verbs"})
         t0 = time.time()
-        import torch
+        import torch  # imported already, before the fork (main)
         import torch.distributed as dist
         import maestro_torch
 
@@ -110,7 +110,15 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    # torch is imported once, here, and the ranks are forked from this
+    # process: under emulation an import of torch takes minutes of CPU, and
+    # spawned ranks would each import it again.
+    t0 = time.time()
+    import torch  # noqa: F401
+    import maestro_torch  # noqa: F401
+
+    print(f"torch and maestro_torch imported in {time.time() - t0:.0f} s", flush=True)
+    ctx = mp.get_context("fork")
     out = ctx.Queue()
     procs = [ctx.Process(target=rank_main, args=(r, world, port, out)) for r in range(world)]
     for p in procs:
