@@ -184,9 +184,9 @@ void checkOne(const std::vector<at::Tensor>& tensors, const char* name) {
   checkTensor(tensors[0], "the tensor");
 }
 
-void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* what) {
+void checkSameKind(const at::Tensor& a, const at::Tensor& b, const char* what, const char* a_what = "the input") {
   MAESTRO_CHECK(a.scalar_type() == b.scalar_type(), what, " has dtype ", c10::toString(b.scalar_type()),
-                " but the input has ", c10::toString(a.scalar_type()));
+                " but ", a_what, " has ", c10::toString(a.scalar_type()));
 }
 
 void checkRoot(int64_t root, int size, const char* name) {
@@ -194,17 +194,32 @@ void checkRoot(int64_t root, int size, const char* name) {
 }
 
 // A list of one tensor per rank, each like `like` (dtype; numel unless
-// sizes may differ, as all-to-all's may).
+// sizes may differ, as all-to-all's may), which the messages call `like_what`.
 void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, int size, const char* name,
-               const char* what, bool same_numel = true) {
+               const char* what, bool same_numel = true, const char* like_what = "the input") {
   MAESTRO_CHECK(static_cast<int>(list.size()) == size, name, ": the ", what, " list has ", list.size(),
                 " tensors but the group has ", size, " ranks");
+  const std::string each = strcat("an ", what, " tensor");
   for (const auto& t : list) {
-    checkTensor(t, what);
-    checkSameKind(like, t, what);
-    MAESTRO_CHECK(!same_numel || t.numel() == like.numel(), name, ": an ", what, " tensor has ", t.numel(),
-                  " elements but the input has ", like.numel());
+    checkTensor(t, each.c_str());
+    checkSameKind(like, t, each.c_str(), like_what);
+    MAESTRO_CHECK(!same_numel || t.numel() == like.numel(), name, ": ", each, " has ", t.numel(),
+                  " elements but ", like_what, " has ", like.numel());
   }
+}
+
+// Gather's outputs and scatter's inputs: one list of a tensor per rank at
+// the root (elsewhere torch passes none, and none is returned), staged by
+// `stage` and checked against `like`, the tensor every rank has (`like_what`).
+std::vector<at::Tensor> rootList(std::vector<std::vector<at::Tensor>>& lists, int64_t root, int rank, int size,
+                                 const at::Tensor& like, const char* like_what, const char* name, const char* what,
+                                 const std::function<std::vector<at::Tensor>(std::vector<at::Tensor>&)>& stage) {
+  checkRoot(root, size, name);
+  if (rank != root) return {};
+  MAESTRO_CHECK(lists.size() == 1, name, ": the root takes one ", what, " list (got ", lists.size(), ")");
+  std::vector<at::Tensor> list = stage(lists[0]);
+  checkList(list, like, size, name, what, true, like_what);
+  return list;
 }
 
 void checkToItself(uint64_t sends, uint64_t receives, const char* name) {
@@ -848,15 +863,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std:
     ins = st->in(inputs);
     checkOne(ins, "allgather");
     MAESTRO_CHECK(outputs.size() == 1, "allgather takes one output list per process (got ", outputs.size(), ")");
-    MAESTRO_CHECK(static_cast<int>(outputs[0].size()) == getSize(), "allgather: the output list has ",
-                  outputs[0].size(), " tensors but the group has ", getSize(), " ranks");
     outs = st->out(outputs[0]);
-    for (const auto& o : outs) {
-      checkTensor(o, "an output tensor");
-      checkSameKind(ins[0], o, "an output tensor");
-      MAESTRO_CHECK(o.numel() == ins[0].numel(), "allgather: an output tensor has ", o.numel(),
-                    " elements but the input has ", ins[0].numel());
-    }
+    checkList(outs, ins[0], getSize(), "allgather", "output");
   } catch (const Error& e) {
     reject("allgather", e.what());
   }
@@ -913,15 +921,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
     houts = st->out(outputs);
     checkOne(houts, "reduce_scatter");
     MAESTRO_CHECK(inputs.size() == 1, "reduce_scatter takes one input list per process (got ", inputs.size(), ")");
-    MAESTRO_CHECK(static_cast<int>(inputs[0].size()) == getSize(), "reduce_scatter: the input list has ",
-                  inputs[0].size(), " tensors but the group has ", getSize(), " ranks");
     ins = st->in(inputs[0]);
-    for (const auto& i : ins) {
-      checkTensor(i, "an input tensor");
-      checkSameKind(houts[0], i, "an input tensor");
-      MAESTRO_CHECK(i.numel() == houts[0].numel(), "reduce_scatter: an input tensor has ", i.numel(),
-                    " elements but the output has ", houts[0].numel());
-    }
+    checkList(ins, houts[0], getSize(), "reduce_scatter", "input", true, "the output");
     op = toReduction(opts.reduceOp, houts[0].scalar_type());
   } catch (const Error& e) {
     reject("reduce_scatter", e.what());
@@ -1110,12 +1111,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::gather(std::vector<std::ve
   try {
     ins = st->in(inputs);
     checkOne(ins, "gather");
-    checkRoot(opts.rootRank, getSize(), "gather");
-    if (getRank() == root) {
-      MAESTRO_CHECK(outputs.size() == 1, "gather: the root takes one output list (got ", outputs.size(), ")");
-      outs = st->out(outputs[0]);
-      checkList(outs, ins[0], getSize(), "gather", "output");
-    }
+    outs = rootList(outputs, opts.rootRank, getRank(), getSize(), ins[0], "the input", "gather", "output",
+                    [&](std::vector<at::Tensor>& list) { return st->out(list); });
   } catch (const Error& e) {
     reject("gather", e.what());
   }
@@ -1139,12 +1136,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::scatter(std::vector<at::Te
   try {
     houts = st->out(outputs);
     checkOne(houts, "scatter");
-    checkRoot(opts.rootRank, getSize(), "scatter");
-    if (getRank() == root) {
-      MAESTRO_CHECK(inputs.size() == 1, "scatter: the root takes one input list (got ", inputs.size(), ")");
-      ins = st->in(inputs[0]);
-      checkList(ins, houts[0], getSize(), "scatter", "input");
-    }
+    ins = rootList(inputs, opts.rootRank, getRank(), getSize(), houts[0], "the output", "scatter", "input",
+                   [&](std::vector<at::Tensor>& list) { return st->in(list); });
   } catch (const Error& e) {
     reject("scatter", e.what());
   }

@@ -78,6 +78,29 @@ def sparse_tensor(rank, world):
     return {"error": _error_of(lambda: dist.all_reduce(s))}
 
 
+def bad_lists(rank, world, rooted="gather"):
+    """Tensor lists that do not fit the tensor every rank has: all-gather's
+    outputs and reduce-scatter's inputs on every rank (each rank refuses
+    its own call, so the group goes on), then the list of `rooted` (gather's
+    outputs, scatter's inputs) at the root only (the root refuses; the
+    others, who started, learn why from it)."""
+    _init()
+    two = torch.ones(2)
+    errors = {
+        "allgather": _error_of(lambda: dist.all_gather([torch.empty(3) for _ in range(world)], two)),
+        "reduce_scatter": _error_of(lambda: dist.reduce_scatter(two, [torch.ones(3) for _ in range(world)])),
+    }
+    t = torch.full((2,), float(rank))
+    errors["later"] = _error_of(lambda: dist.all_reduce(t))
+    errors["result"] = t.tolist()
+    lst = [torch.empty(3) for _ in range(world)] if rank == 0 else None
+    if rooted == "gather":
+        errors["rooted"] = _error_of(lambda: dist.gather(two, lst, dst=0))
+    else:
+        errors["rooted"] = _error_of(lambda: dist.scatter(two, lst, src=0))
+    return errors
+
+
 def unsupported_op(rank, world):
     _init()
     err = _error_of(lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND))

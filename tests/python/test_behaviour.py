@@ -56,6 +56,21 @@ def test_sparse_tensor_is_a_clear_error():
         assert "maestro supports dense (strided) tensors only" in v["error"], v["error"]
 
 
+@pytest.mark.parametrize("rooted, expect", [("gather", "gather: an output tensor has 3 elements but the input has 2"),
+                                            ("scatter", "scatter: an input tensor has 3 elements but the output has 2")])
+def test_tensor_lists_that_do_not_fit_are_clear_errors_on_every_rank(rooted, expect):
+    world = 3
+    values = ok_values(run_ranks(world, scenarios.bad_lists, rooted, timeout=120))
+    for rank, v in enumerate(values):
+        assert "allgather: an output tensor has 3 elements but the input has 2" in v["allgather"], v["allgather"]
+        assert "reduce_scatter: an input tensor has 3 elements but the output has 2" in v["reduce_scatter"], \
+            v["reduce_scatter"]
+        # Each rank refused its own calls before anything moved: the group goes on.
+        assert v["later"] == "" and v["result"] == [float(sum(range(world)))] * 2, v
+        # Only the root has the list: it refuses, and the others hear why.
+        assert expect in v["rooted"] and "rejected on rank 0" in v["rooted"], (rank, v["rooted"])
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_unsupported_reduce_op_is_a_clear_error_and_the_group_goes_on(world):
     for v in ok_values(run_ranks(world, scenarios.unsupported_op, timeout=120)):
