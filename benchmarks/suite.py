@@ -66,8 +66,9 @@ PEERS = GLOO_PEERS + ("single",)    # and maestro on path 0 only
 
 
 class Ctx:
-    def __init__(self, quick: bool, out: str, command: str, no_ddp: bool = False):
+    def __init__(self, quick: bool, out: str, command: str, no_ddp: bool = False, loaded_seconds: float = 120):
         self.quick, self.out, self.command, self.no_ddp = quick, out, command, no_ddp
+        self.loaded_seconds = loaded_seconds
         self.tag = os.getpid() % 100000
 
     def lab(self, name: str, **kw) -> netlab.Lab:
@@ -371,7 +372,8 @@ def exp_failover(ctx):
         bgs += [lab.background(spine=s, mbit=None, proto="tcp", src=0, dst=2) for s in (1, 3)]
         try:
             time.sleep(1)
-            loaded = run_ranks(lab, ["loop", "--size", "4M", "--seconds", "10" if ctx.quick else "120"])
+            loaded = run_ranks(lab, ["loop", "--size", "4M", "--seconds", "10" if ctx.quick else f"{ctx.loaded_seconds:g}"],
+                               timeout=max(900, ctx.loaded_seconds + 300))
         finally:
             for b in bgs:
                 b.stop()
@@ -475,6 +477,9 @@ def main() -> int:
                          "run into the default folder, else into OUT/report (README untouched)")
     ap.add_argument("--no-ddp", action="store_true", help="models: gradient-bucket sync only, skip the forward/backward "
                                                           "DDP runs (the longest part of the full suite)")
+    ap.add_argument("--loaded-seconds", type=float, default=120,
+                    help="failover: how long its loop runs with background traffic on every spine, where no path may "
+                         "be closed (default 120; --quick: 10)")
     ap.add_argument("--out", help="JSON output folder (default: docs/results/data; with --quick, build/bench-quick, "
                                   "so a smoke run never replaces the recorded results)")
     args = ap.parse_args()
@@ -492,8 +497,9 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     netlab.gc()  # labs a killed earlier run left behind
     command = ("scripts/bench.sh" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
-               + (" --no-ddp" if args.no_ddp else ""))
-    ctx = Ctx(args.quick, args.out, command, args.no_ddp)
+               + (" --no-ddp" if args.no_ddp else "")
+               + (f" --loaded-seconds {args.loaded_seconds:g}" if args.loaded_seconds != 120 else ""))
+    ctx = Ctx(args.quick, args.out, command, args.no_ddp, args.loaded_seconds)
     info = machine()
     # Every figure assumes the lab has the host to itself: 2 cores drive 4 to
     # 16 ranks, so another process's load shows up in the timings (a record

@@ -7,6 +7,7 @@
 #   scripts/bench.sh                 # full mode (92 min on 2 cores)
 #   scripts/bench.sh --quick         # every experiment, small (8-16 min on a shared 2-core machine)
 #   scripts/bench.sh --only latency,discovery --out /tmp/r   # a subset, elsewhere
+#   scripts/bench.sh --only failover --loaded-seconds 600   # its loop under background traffic for 10 min
 # A full run without --out records its JSON in docs/results/data and updates
 # docs/results.md, docs/results/*.png, README.md and docs/performance.md. With --out DIR, or with
 # --quick (DIR defaults to build/bench-quick), the JSON goes to DIR and the
