@@ -61,12 +61,14 @@ import netlab  # noqa: E402
 RANK = "benchmarks/rank_bench.py"
 TRAIN = "benchmarks/train.py"
 CORE, ACCESS = 200, 1000  # Mbit/s: core links slower than access links, as in the paper's setup
+LOADED_SECONDS = 120  # failover: its loop under background traffic, full mode (--loaded-seconds)
 GLOO_PEERS = ("gloo", "gloo-4dev")  # the 4 lab aliases of each host (MAESTRO_VNICS), one gloo device each
 PEERS = GLOO_PEERS + ("single",)    # and maestro on path 0 only
 
 
 class Ctx:
-    def __init__(self, quick: bool, out: str, command: str, no_ddp: bool = False, loaded_seconds: float = 120):
+    def __init__(self, quick: bool, out: str, command: str, no_ddp: bool = False,
+                 loaded_seconds: float = LOADED_SECONDS):
         self.quick, self.out, self.command, self.no_ddp = quick, out, command, no_ddp
         self.loaded_seconds = loaded_seconds
         self.tag = os.getpid() % 100000
@@ -477,9 +479,9 @@ def main() -> int:
                          "run into the default folder, else into OUT/report (README untouched)")
     ap.add_argument("--no-ddp", action="store_true", help="models: gradient-bucket sync only, skip the forward/backward "
                                                           "DDP runs (the longest part of the full suite)")
-    ap.add_argument("--loaded-seconds", type=float, default=120,
+    ap.add_argument("--loaded-seconds", type=float, default=LOADED_SECONDS,
                     help="failover: how long its loop runs with background traffic on every spine, where no path may "
-                         "be closed (default 120; --quick: 10)")
+                         f"be closed (default {LOADED_SECONDS}; --quick: 10)")
     ap.add_argument("--out", help="JSON output folder (default: docs/results/data; with --quick, build/bench-quick, "
                                   "so a smoke run never replaces the recorded results)")
     args = ap.parse_args()
@@ -498,7 +500,7 @@ def main() -> int:
     netlab.gc()  # labs a killed earlier run left behind
     command = ("scripts/bench.sh" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
                + (" --no-ddp" if args.no_ddp else "")
-               + (f" --loaded-seconds {args.loaded_seconds:g}" if args.loaded_seconds != 120 else ""))
+               + (f" --loaded-seconds {args.loaded_seconds:g}" if args.loaded_seconds != LOADED_SECONDS else ""))
     ctx = Ctx(args.quick, args.out, command, args.no_ddp, args.loaded_seconds)
     info = machine()
     # Every figure assumes the lab has the host to itself: 2 cores drive 4 to
