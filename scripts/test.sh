@@ -179,7 +179,7 @@ else
   gpu_tests=(--ignore tests/python/test_cuda.py)
 fi
 # --full runs the benchmark smoke run (about 7.5 minutes, most of it waiting
-# on timed loops, shaped links and link events: about 0.7 of a core) beside
+# on timed loops, shaped links and link events: about 0.6 of a core) beside
 # the other Python tests, in its own pytest, whose output follows theirs; the
 # stage ends when both have. Its lab namespaces have their own names and
 # network stacks, so the two share nothing but the CPU. With arguments for
