@@ -61,15 +61,23 @@ Verdict judgeBusyPath(const BusyPath& p) {
   if (d.unacked == 0 || p.stalled <= kStallFloor || silent <= noAckLimit(d)) return {};
   // TCP's own recovery -- a tail-loss probe, then retransmission timeouts
   // -- has resent deadTimeouts() times in a row, and the last resend too has
-  // had no answer for a few round trips: dead. (A live path on a congested
-  // link loses a whole flight, its tail-loss probe and now and then a
-  // timeout's resend; several in a row, backed off, only where it loses
-  // many segments anyway, and there more are required.) Silent past
-  // kNoAckDead: dead whatever TCP did.
-  const bool resends_lost = d.timeouts >= deadTimeouts(d) && d.since_send > resendLimit(d);
+  // had no answer for a few round trips, nor anything else since: dead. (A
+  // live path on a congested link loses a whole flight, its tail-loss probe
+  // and now and then a timeout's resend; several in a row, backed off, only
+  // where it loses many segments anyway, and there more are required. Its
+  // peer's segments -- a duplicate ACK, its own data, a probe's answer --
+  // still arrive between them; on a blackholed path nothing does.) Silent
+  // past kNoAckDead: dead whatever TCP did.
+  const bool resends_lost =
+      d.timeouts >= deadTimeouts(d) && d.since_send > resendLimit(d) && d.since_ack > d.since_send;
   if (resends_lost || silent > kNoAckDead)
-    return {Health::kDead, silence(p, silent) + (resends_lost ? strcat(", ", d.timeouts, " resends unanswered") : "") +
-                               " (blackholed path?)"};
+    return {Health::kDead,
+            silence(p, silent) +
+                (resends_lost ? strcat(", ", d.timeouts, " resends unanswered (the last one ",
+                                       static_cast<int>(d.since_send * 1000), " ms ago, nothing heard on the path for ",
+                                       static_cast<int>(d.since_ack * 1000), " ms)")
+                              : "") +
+                " (blackholed path?)"};
   // Not yet proven: set aside, so that nothing new waits on it and its
   // control messages go elsewhere now.
   if (p.doubted) return {};

@@ -24,7 +24,8 @@
 //      It is dead once TCP's own recovery has resent deadTimeouts() times in a
 //      row (retransmission timeouts: their floor is 50 ms where the kernel
 //      allows, net.h; two, more on a path that loses segments often) and
-//      the last resend too has had no answer for resendLimit(), or after
+//      the last resend too has had no answer for resendLimit(), nor has
+//      anything else come from the peer on the path since it left, or after
 //      kNoAckDead of silence whatever TCP did:
 //      closed, its chunks re-sent on the others. A congested link loses a
 //      whole flight, its tail-loss probe, even a timeout's resend now and

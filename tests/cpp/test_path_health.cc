@@ -111,7 +111,7 @@ TEST(PathHealth, ACongestedPathIsNeverClosedWhileTCPsResendsGetThrough) {
   EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
   p.delivery = tcp(60, 0.33, 0.08, 0.3);
   EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
-  p.delivery = tcp(60, 0.33, 0.08, 0.33);
+  p.delivery = tcp(60, 0.34, 0.08, 0.33);
   EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
   p.stalled = 0.3;  // but not before it has held its chunks that long
   EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
@@ -148,6 +148,42 @@ TEST(PathHealth, APathThatLosesManySegmentsNeedsMoreResendsLostToBeDead) {
   p.delivery.timeouts = 2;
   p.stalled = 1.1;
   p.delivery.since_ack = 1.05;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
+}
+
+// The false alarm of a ten-minute background-traffic run: on a path that
+// resent 2.7 % of its segments, TCP counted three timeouts in a row, yet its
+// peer's segments kept arriving (the acknowledgement point stayed put: a
+// full queue dropped the resends, not the route). Something heard on the
+// path after its last resend is a live route: set aside, never closed.
+TEST(PathHealth, APathWhosePeerAnsweredAfterItsLastResendIsNotDead) {
+  BusyPath p = labPath(0.14);
+  p.doubted = true;
+  p.delivery = tcp(56, 0.132, 0.0059, 0.06, 3);
+  p.delivery.loss = 0.027;
+  p.delivery.since_ack = 0.03;  // a duplicate ACK or the peer's own data, 30 ms ago
+  p.stalled = 0.132;
+  // Silent 30 ms: below the limit, not even suspect.
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  // The peer's last segment arrived 10 ms after the last resend left.
+  p.delivery.since_send = 0.14;
+  p.delivery.since_ack = 0.13;
+  p.stalled = 0.2;
+  Verdict v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kFine) << v.why;  // already set aside: nothing more to do
+  p.doubted = false;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  // Nothing at all since the resend left: dead, with each silence named.
+  p.delivery.since_ack = 0.15;
+  v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kDead) << v.why;
+  EXPECT_NE(v.why.find("3 resends unanswered (the last one 140 ms ago, nothing heard on the path for 150 ms)"),
+            std::string::npos)
+      << v.why;
+  // Silent past kNoAckDead: dead whatever came between the resends.
+  p.stalled = 1.2;
+  p.delivery.since_ack = 1.1;
+  p.delivery.since_send = 1.15;
   EXPECT_EQ(judgeBusyPath(p).health, Health::kDead);
 }
 
