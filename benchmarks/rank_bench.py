@@ -401,6 +401,7 @@ def cmd_loop(args):
     print("READY", flush=True)
     iters = []
     start = time.time()
+    last_paths, last_states = None, None
     while True:
         t = (base + rank).to(torch.float32)
         dist.barrier(group=g)
@@ -408,15 +409,24 @@ def cmd_loop(args):
         dist.all_reduce(t, group=g)
         it = {"start": t0 - start, "seconds": time.time() - t0, "ok": bool(torch.equal(t, expected))}
         if maestro:
-            it["paths"] = [{k: s[k] for k in ("peer", "path", "state", "bytes_sent", "resent", "reconnects", "hunts",
-                                              "route")}
-                           for s in maestro_torch.path_stats(g)]
+            last_paths = [{k: s[k] for k in ("peer", "path", "state", "bytes_sent", "resent", "reconnects", "hunts",
+                                             "route")}
+                          for s in maestro_torch.path_stats(g)]
+            # --snapshots changes: only where a path went down, came back or
+            # was re-opened (and the first and last), so that a run of many
+            # minutes stays small.
+            states = [(p["state"], p["reconnects"], p["hunts"]) for p in last_paths]
+            if args.snapshots == "every" or states != last_states:
+                it["paths"] = last_paths
+            last_states = states
         iters.append(it)
         # Every rank stops at the same iteration.
         go = torch.tensor([1.0 if time.time() - start < args.seconds or len(iters) < args.min_iters else 0.0])
         dist.all_reduce(go, op=dist.ReduceOp.MIN, group=g)
         if go.item() == 0:
             break
+    if maestro:
+        iters[-1]["paths"] = last_paths
     everyone = [None] * n
     dist.all_gather_object(everyone, iters)
     # Why each path that was closed was closed (its last error), and the
@@ -479,6 +489,9 @@ def main():
     p.add_argument("--backend", default="maestro",
                    help="maestro (its Options from the MAESTRO_* environment), gloo or gloo-<n>dev")
     p.add_argument("--discovery", action="store_true")
+    p.add_argument("--snapshots", choices=["every", "changes"], default="every",
+                   help="path tables per iteration: every one, or only where a path's state changed (and the first "
+                        "and last)")
     args = ap.parse_args()
     # The world group does the bookkeeping (barriers, timing reductions);
     # everything measured runs on groups made for it. It is gloo, except for

@@ -618,12 +618,13 @@ def close_reasons(run: dict) -> str:
 
 def paths_closed(run: dict) -> tuple[int, int]:
     """(paths seen down or reconnected during a loop run, paths), over every
-    rank's (peer, path) in its per-iteration snapshots."""
+    rank's (peer, path) in its per-iteration snapshots (every iteration's, or
+    only those where a path's state changed: `loop --snapshots changes`)."""
     closed, paths = set(), set()
     for rank, its in enumerate(run["ranks"]):
         first = {(p["peer"], p["path"]): p for p in its[0]["paths"]}
         for it in its:
-            for p in it["paths"]:
+            for p in it.get("paths", ()):
                 key = (rank, p["peer"], p["path"])
                 paths.add(key)
                 if p["state"] == "down" or p["reconnects"] > first.get((p["peer"], p["path"]), p)["reconnects"]:

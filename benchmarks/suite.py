@@ -374,7 +374,8 @@ def exp_failover(ctx):
         bgs += [lab.background(spine=s, mbit=None, proto="tcp", src=0, dst=2) for s in (1, 3)]
         try:
             time.sleep(1)
-            loaded = run_ranks(lab, ["loop", "--size", "4M", "--seconds", "10" if ctx.quick else f"{ctx.loaded_seconds:g}"],
+            loaded = run_ranks(lab, ["loop", "--size", "4M", "--snapshots", "changes",
+                                     "--seconds", "10" if ctx.quick else f"{ctx.loaded_seconds:g}"],
                                timeout=max(900, ctx.loaded_seconds + 300))
         finally:
             for b in bgs:
