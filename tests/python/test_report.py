@@ -243,6 +243,15 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
     assert e["wait_before_s"] == pytest.approx(0.0)
     # Rank 0's path went down and was reconnected: one of two paths closed.
     assert report.paths_closed({"ranks": [r0, r1]}) == (1, 2)
+    # The same from `loop --snapshots changes`, which keeps a path table only
+    # where a state changed (and the first and last): the same count.
+    sparse = [[dict(it) for it in r] for r in (r0, r1)]
+    for r, full in zip(sparse, (r0, r1)):
+        for i in range(1, len(r) - 1):
+            if full[i]["paths"] == full[i - 1]["paths"]:
+                del r[i]["paths"]
+    assert any("paths" not in it for r in sparse for it in r)
+    assert report.paths_closed({"ranks": sparse}) == (1, 2)
     # Under background load a closed path is a false alarm, and the text says so.
     load = {"ranks": [r0, r1], "udp_mbit": {"0": 100}, "tcp_spines": [1]}
     assert report.under_load(load).startswith("**False alarms under load**"), report.under_load(load)
