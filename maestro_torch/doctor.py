@@ -37,6 +37,8 @@ SYS_NET = "/sys/class/net"
 # Descriptors one rank needs per peer and path (a socket each way at most),
 # and what the process needs besides.
 FDS_PER_PATH, FDS_BASE = 2, 64
+# MAESTRO_PATHS=auto opens at most this many paths per peer (kAutoPathsMax).
+AUTO_PATHS_MAX = 16
 # A registration cache below this caps how much tensor memory stays
 # registered for verbs (MAESTRO_REG_CACHE_BYTES=auto takes half the limit).
 MEMLOCK_WANTED = 1 << 30
@@ -221,13 +223,20 @@ def check_routes(config: dict, addrs: list[str], peer: str, port: int, out: list
                            "check that the fabric spreads flows by 5-tuple (ECMP hashing on ports), or set "
                            "MAESTRO_PROBE_TTL to the hop where the routes split"))
     else:
+        auto = ""
+        if config.get("paths", "auto") in ("auto", "0") and len(found) > len(routed):
+            # MAESTRO_PATHS=auto: one path per core hop where there are more
+            # of them than vNICs (autoPathCount in the engine).
+            config["_auto_paths"] = min(len(found), AUTO_PATHS_MAX)
+            auto = f": MAESTRO_PATHS=auto will open {config['_auto_paths']} paths per peer"
         out.append(Finding("discovery", OK, f"{len(found)} distinct core hops {ttl} hops out towards {peer_ip} "
-                                            f"({', '.join(found)}) from {len(endpoints)} probes"))
+                                            f"({', '.join(found)}) from {len(endpoints)} probes{auto}"))
 
 
 def check_limits(config: dict, addrs: list[str], verbs_devices: list[str], out: list[Finding]) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    paths = int(config.get("paths") or 0) or len(addrs) or 4
+    wanted = config.get("paths", "auto")
+    paths = int(wanted) if wanted not in ("auto", "0", "") else config.get("_auto_paths") or len(addrs) or 4
     usable = hard if hard != resource.RLIM_INFINITY else 1 << 20  # maestro raises the soft limit to the hard one
     peers = max(0, (usable - FDS_BASE) // (FDS_PER_PATH * paths))
     level = OK if peers >= 1023 else WARN

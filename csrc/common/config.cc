@@ -150,11 +150,13 @@ std::vector<Knob> buildKnobs() {
       {"ifname", "MAESTRO_IFNAME", "", "take the vNIC addresses from this interface's addresses",
        false, [](const Config& c) { return c.ifname; },
        [](Config& c, const std::string& v) { c.ifname = trim(v); }},
-      {"paths", "MAESTRO_PATHS", "0",
-       "paths per peer (0: one per vNIC; more than the vNICs reuses them with new source ports)",
-       true, [](const Config& c) { return std::to_string(c.paths); },
+      {"paths", "MAESTRO_PATHS", "auto",
+       "paths per peer, up to 64 (more than the vNICs reuses them with new source ports); auto: one per vNIC, or "
+       "one per core hop the set-up's route probes find where routers hash flows over more spines than there are "
+       "vNICs (at most 16)",
+       true, [](const Config& c) { return autoOrNumber(c.paths); },
        [](Config& c, const std::string& v) {
-         c.paths = static_cast<int>(parseInt("MAESTRO_PATHS", v, 0, 64));
+         setAutoOrNumber(c.paths, v, [](const std::string& t) { return parseInt("MAESTRO_PATHS", t, 0, 64); });
        }},
       {"chunk_size", "MAESTRO_CHUNK_SIZE", "auto",
        "bytes per chunk, the unit spread over paths (K/M suffixes; multiple of 64); auto: 50K on verbs, "

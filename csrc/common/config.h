@@ -27,7 +27,7 @@ struct Config {
   std::string transport = "auto";       // auto | tcp | verbs
   std::vector<std::string> vnics;       // local vNIC addresses (IP literals)
   std::string ifname;                   // take the vNICs from this interface
-  int paths = 0;                        // paths per peer; 0 = one per vNIC
+  int paths = 0;                        // paths per peer; 0 = auto (QpManager::plan, autoPathCount)
   size_t chunk_size = 0;                // bytes per chunk; 0 = auto: chunkSizeFor(transport)
   size_t min_chunk_size = 0;            // smallest chunk of a mid-size message; 0 = auto: minChunkFor
   Policy policy = Policy::kAdaptive;     // ACK clocking: faster paths carry more

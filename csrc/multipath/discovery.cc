@@ -1,6 +1,9 @@
 #include "multipath/discovery.h"
 
+#include <algorithm>
 #include <set>
+
+#include "common/error.h"
 
 namespace maestro {
 namespace multipath {
@@ -37,6 +40,29 @@ Selection selectDisjoint(const std::vector<Candidate>& candidates, int wanted, b
 bool fullyDisjoint(const Selection& s, int wanted, bool forward_carries_data, bool backward_carries_data) {
   return (!forward_carries_data || s.distinct_forward >= wanted) &&
          (!backward_carries_data || s.distinct_backward >= wanted);
+}
+
+PathCount autoPathCount(int vnic_paths, const std::vector<int>& core_hops) {
+  int seen = 0;
+  for (int h : core_hops) seen = std::max(seen, h);
+  PathCount c;
+  if (seen <= vnic_paths) {
+    c.paths = vnic_paths;
+    c.why = seen == 0 ? "auto: one per vNIC"
+                      : strcat("auto: one per vNIC (route probes found ", seen, " core hop", seen == 1 ? "" : "s",
+                               " towards the ring neighbours)");
+    return c;
+  }
+  c.paths = std::max(vnic_paths, std::min(seen, kAutoPathsMax));
+  c.why = strcat("auto: route probes found ", seen, " core hops towards the ring neighbours and this group has ",
+                 vnic_paths, " vNIC", vnic_paths == 1 ? "" : "s", ", so ", c.paths, " paths",
+                 seen > kAutoPathsMax ? strcat(" (at most ", kAutoPathsMax, ")") : std::string(),
+                 ", up to ", (c.paths + vnic_paths - 1) / vnic_paths, " flows per vNIC on source ports of their own");
+  return c;
+}
+
+bool surveyDone(int sent, int seen, int new_in_round) {
+  return seen == 0 || new_in_round == 0 || sent >= kSurveyProbes;
 }
 
 }  // namespace multipath

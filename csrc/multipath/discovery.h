@@ -38,5 +38,27 @@ Selection selectDisjoint(const std::vector<Candidate>& candidates, int wanted, b
 // own hop in the data-carrying directions.
 bool fullyDisjoint(const Selection& selection, int wanted, bool forward_carries_data, bool backward_carries_data);
 
+// MAESTRO_PATHS=auto. `vnic_paths`: one path per vNIC (the fewest any rank
+// has); `core_hops`: how many distinct core hops each rank's route survey
+// saw towards its ring neighbour (0 where no router answered). Where the
+// routers hash flows over more spines than there are vNICs, one path per
+// spine (several flows per vNIC, each on its own source port), so that
+// discovery can place a path on every spine; at most kAutoPathsMax, since
+// every path costs descriptors and buffers per peer. The rule is the same
+// on every rank, from the same numbers.
+constexpr int kAutoPathsMax = 16;
+struct PathCount {
+  int paths = 0;
+  std::string why;  // for describe() and the INFO log
+};
+PathCount autoPathCount(int vnic_paths, const std::vector<int>& core_hops);
+
+// The route survey's stopping rule: probes go out in rounds (one per vNIC,
+// then twice as many each round), and the survey ends after a round in
+// which no router answered at all (`seen` still 0: nothing to count), after
+// a round that found no new core hop, or once `sent` reaches kSurveyProbes.
+constexpr int kSurveyProbes = 64;
+bool surveyDone(int sent, int seen, int new_in_round);
+
 }  // namespace multipath
 }  // namespace maestro

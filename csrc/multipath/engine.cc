@@ -134,7 +134,7 @@ std::string Engine::describeSetup() const {
   os << "group of " << size_ << " ranks, ";
   if (owner_) os << "on the paths of its parent group (shared paths, channel " << channel_ << "), ";
   os << "transport " << mesh_.transport_kind << " (" << mesh_.transport_why << "), " << mesh_.paths
-     << " paths per peer, vNICs ";
+     << " paths per peer (" << mesh_.paths_why << "), vNICs ";
   for (size_t i = 0; i < mesh_.vnics.addresses.size(); ++i) os << (i ? "," : "") << mesh_.vnics.addresses[i];
   os << " from " << mesh_.vnics.source << ", chunks of " << config_.chunk_size << " bytes";
   if (config_.min_chunk_size < config_.chunk_size && mesh_.paths > 1)

@@ -44,6 +44,7 @@ struct Mesh {
   std::vector<std::string> hosts;                    // every rank's host and network namespace (net::hostIdentity)
   std::vector<std::vector<std::string>> endpoints;   // every rank's listening endpoints (ip:port)
   int paths = 0;
+  std::string paths_why;         // how MAESTRO_PATHS was settled
   std::string discovery;         // off | ttl: MAESTRO_DISCOVERY resolved (auto decided at set-up)
   std::string discovery_why;     // how auto decided
 };
@@ -133,9 +134,15 @@ class QpManager {
   // which path (and the core hop of each, in `paths`).
   void discover(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs, const Exchange& exchange,
                 std::map<int, PeerPaths>* paths, std::map<int, std::vector<uint16_t>>* ports);
-  // discovery=auto: is a router MAESTRO_PROBE_TTL hops out towards our ring
-  // neighbour (a probe from each vNIC)? Every rank's answer decides.
-  bool routedApart(const Config& config, const Mesh& mesh, std::string* why);
+  // Route probes MAESTRO_PROBE_TTL hops out towards our ring neighbour:
+  // does a router answer (discovery=auto: every rank's answer decides), and
+  // how many distinct ones (the core hops, for paths=auto)?
+  struct RouteSurvey {
+    bool routed = false;
+    int core_hops = 0;
+    std::string why;  // when not routed
+  };
+  RouteSurvey surveyRoutes(const Config& config, const Mesh& mesh);
   void publishError(const std::string& message);
 
   Rendezvous& store_;

@@ -107,6 +107,7 @@ bool Engine::shareWith(Parent parent, Deadline setup_deadline) {
   mesh_.congestion_why = root->mesh_.congestion_why;
   mesh_.vnics = root->mesh_.vnics;
   mesh_.paths = root->mesh_.paths;
+  mesh_.paths_why = root->mesh_.paths_why;
   for (int r : ranks_) mesh_.hosts.push_back(r < static_cast<int>(root->mesh_.hosts.size()) ? root->mesh_.hosts[r] : "");
   mesh_.discovery = root->mesh_.discovery;
   mesh_.discovery_why = root->mesh_.discovery_why;

@@ -54,6 +54,40 @@ TEST(Discovery, FewerCandidatesThanWanted) {
   EXPECT_EQ(2u, s.chosen.size());
 }
 
+// paths=auto: one path per vNIC unless some rank's route survey saw more
+// core hops than that; then one per hop, up to kAutoPathsMax. The largest
+// count decides (a rank whose ring neighbour shares its leaf sees none).
+TEST(AutoPaths, OnePerVnicUnlessTheRoutersSpreadOverMoreSpines) {
+  PathCount c = autoPathCount(4, {});
+  EXPECT_EQ(4, c.paths);
+  EXPECT_EQ("auto: one per vNIC", c.why);
+  c = autoPathCount(4, {0, 4, 0, 3});
+  EXPECT_EQ(4, c.paths);
+  EXPECT_NE(std::string::npos, c.why.find("found 4 core hops")) << c.why;
+  c = autoPathCount(4, {0, 8, 0, 7});
+  EXPECT_EQ(8, c.paths);
+  EXPECT_NE(std::string::npos, c.why.find("8 core hops")) << c.why;
+  EXPECT_NE(std::string::npos, c.why.find("up to 2 flows per vNIC")) << c.why;
+  c = autoPathCount(3, {16});
+  EXPECT_EQ(16, c.paths);
+  EXPECT_NE(std::string::npos, c.why.find("up to 6 flows per vNIC")) << c.why;
+  c = autoPathCount(4, {40, 64});
+  EXPECT_EQ(kAutoPathsMax, c.paths);
+  EXPECT_NE(std::string::npos, c.why.find("(at most 16)")) << c.why;
+  // More vNICs than the cap: never fewer paths than vNICs.
+  EXPECT_EQ(20, autoPathCount(20, {32}).paths);
+}
+
+// The survey stops when no router answered, when a round found nothing
+// new, or at its probe budget -- and goes on otherwise.
+TEST(AutoPaths, TheSurveyStopsWhenARoundFindsNothingNew) {
+  EXPECT_TRUE(surveyDone(4, 0, 0));        // no router answered
+  EXPECT_FALSE(surveyDone(4, 3, 3));       // the first round found some
+  EXPECT_FALSE(surveyDone(12, 6, 3));      // still finding
+  EXPECT_TRUE(surveyDone(28, 6, 0));       // saturated
+  EXPECT_TRUE(surveyDone(kSurveyProbes, 14, 2));  // budget spent
+}
+
 }  // namespace
 }  // namespace multipath
 }  // namespace maestro

@@ -37,6 +37,8 @@ using testing::runRanks;
 // What one rank's set-up decided.
 struct Decision {
   std::string discovery, why;
+  int paths = 0;
+  std::string paths_why;
 };
 
 class DiscoveryAuto : public ::testing::Test {
@@ -108,7 +110,7 @@ class DiscoveryAuto : public ::testing::Test {
                                         {"probe_ttl", std::to_string(ttl)},
                                         {"vnics", addr(rank, which)}});
       Mesh mesh = qp.plan(config, "");
-      out[rank] = {mesh.discovery, mesh.discovery_why};
+      out[rank] = {mesh.discovery, mesh.discovery_why, mesh.paths, mesh.paths_why};
     });
     for (auto& e : errors) EXPECT_EQ("", errorText(e));
     return out;
@@ -119,11 +121,15 @@ class DiscoveryAuto : public ::testing::Test {
   std::string a_, b_, r_;
 };
 
-// The router one hop out answers: discovery runs, on both ranks.
+// The router one hop out answers: discovery runs, on both ranks. The
+// survey found one core hop, not more than the one vNIC, so paths=auto
+// stays at one path per vNIC and says why.
 TEST_F(DiscoveryAuto, ARouterAtTheProbeTtlTurnsDiscoveryOn) {
   for (const Decision& d : plan(1)) {
     EXPECT_EQ("ttl", d.discovery) << d.why;
     EXPECT_EQ("routers between the ranks answered probes", d.why);
+    EXPECT_EQ(1, d.paths);
+    EXPECT_EQ("auto: one per vNIC (route probes found 1 core hop towards the ring neighbours)", d.paths_why);
   }
 }
 

@@ -238,7 +238,7 @@ def test_unknown_knob_value_fails_every_rank_clearly():
     ("MAESTRO_CHUNK_SIZE=64K", "chunk_size=auto", "chunk_size=65536"),
     # Both sides cut a mid-size message the same way only with the same floor.
     ("MAESTRO_MIN_CHUNK_SIZE=16K", "min_chunk_size=auto", "min_chunk_size=16384"),
-    ("MAESTRO_PATHS=2", "paths=0", "paths=2"),
+    ("MAESTRO_PATHS=2", "paths=auto", "paths=2"),
     ("MAESTRO_POLICY=round_robin", "policy=adaptive", "policy=round_robin"),
     ("MAESTRO_HUNT=off", "hunt=auto", "hunt=off"),
 ])

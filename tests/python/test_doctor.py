@@ -91,7 +91,10 @@ def test_a_low_descriptor_limit_is_a_warning_with_its_fix():
 @pytest.mark.full
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="the lab needs root and iproute2")
 def test_on_an_ecmp_fabric_the_probes_find_several_core_hops():
-    with netlab.Lab(f"doc{os.getpid()}", mode="ecmp", hosts=4, leaves=2, spines=4) as lab:
+    # 8 spines and 4 aliases per host: more core hops than vNICs, so the
+    # doctor says how many paths MAESTRO_PATHS=auto opens, and sizes the
+    # descriptor check by it.
+    with netlab.Lab(f"doc{os.getpid()}", mode="ecmp", hosts=4, leaves=2, spines=8, aliases=4) as lab:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MAESTRO_")}
         env["MAESTRO_IFNAME"] = "eth0"
         run = lab.run(0, [sys.executable, "-m", "maestro_torch.doctor", "--json", "--peer", lab.host_addr(2)],
@@ -105,7 +108,10 @@ def test_on_an_ecmp_fabric_the_probes_find_several_core_hops():
         [disc] = by_check(found, "discovery")
         assert disc["level"] == "OK", disc
         hops = disc["text"].split("(")[1].split(")")[0].split(", ")
-        assert len(hops) >= 2 and all(lab.spine_of_hop(h) in range(4) for h in hops), disc
+        assert len(hops) > 4 and all(lab.spine_of_hop(h) in range(8) for h in hops), disc
+        assert f"MAESTRO_PATHS=auto will open {len(hops)} paths per peer" in disc["text"], disc
+        [nofile] = by_check(found, "nofile")
+        assert f"at {len(hops)} paths each" in nofile["text"], nofile
         # A peer on the same leaf: no router two hops out.
         run = lab.run(0, [sys.executable, "-m", "maestro_torch.doctor", "--json", "--peer", lab.host_addr(1)],
                       env=env, cwd=str(ROOT), timeout=120)

@@ -37,9 +37,9 @@ def lab(name, **kw):
     return netlab.Lab(name=f"{name}{os.getpid() % 10000}", core=200, access=1000, **kw)
 
 
-def bytes_up(before, after, leaf):
+def bytes_up(before, after, leaf, spines=4):
     """Bytes each spine received from `leaf` between two link_bytes() calls."""
-    return [after[(leaf, s)][0] - before[(leaf, s)][0] for s in range(4)]
+    return [after[(leaf, s)][0] - before[(leaf, s)][0] for s in range(spines)]
 
 
 def paths_to_the_right(res):
@@ -204,6 +204,27 @@ def test_ecmp_defaults_find_disjoint_spines_by_themselves():
         up = bytes_up(before, after, leaf)
         assert min(up) > 0.1 * sum(up), \
             f"bytes L{leaf}->spine per spine with default settings: {up}; paths: {paths_to_the_right(res)}"
+
+
+def test_ecmp_defaults_open_a_path_per_spine_where_spines_outnumber_vnics():
+    # 8 spines, 4 aliases per host, no knob: the set-up's route probes count 8
+    # core hops, so paths=auto opens 8 paths per peer (2 flows per vNIC, each
+    # on its own source port) and discovery puts one on each spine.
+    with lab("tn", spines=8, aliases=4, mode="ecmp") as l:
+        before = l.link_bytes()
+        results = labrun.run(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "0",
+                                 "--min-iters", "2"], env={"MAESTRO_DEBUG": "INFO"}, timeout=300)
+        res = result_of(results)
+        after = l.link_bytes()
+    assert all(it["ok"] for rank in res["ranks"] for it in rank)
+    for r in results:
+        assert "8 paths per peer (auto: route probes found 8 core hops" in r.stderr, r.stderr[-3000:]
+    for rank in (1, 3):
+        hops = [p["route"] for p in res["ranks"][rank][-1]["paths"] if p["peer"] == (rank + 1) % 4]
+        assert len(hops) == 8 and all(hops) and len(set(hops)) == 8, f"rank {rank}: paths to the right via {hops}"
+    for leaf in (0, 1):
+        up = bytes_up(before, after, leaf, spines=8)
+        assert min(up) > 0.04 * sum(up), f"bytes L{leaf}->spine per spine with default settings: {up}"
 
 
 def test_every_group_of_a_job_keeps_discovery():
