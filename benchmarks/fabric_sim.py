@@ -60,6 +60,15 @@ The model, and why:
              fewer are found; the adaptive split sends the pair's data to
              whichever of its paths has rate, so the pair finishes when its
              data is moved at the sum of its paths' rates.
+    defaults maestro as it comes (MAESTRO_PATHS=auto), given `vnics` vNICs
+             per host: every rank's route survey hashes probes towards its
+             ring neighbour in rounds (one per vNIC, then twice as many,
+             until a round finds no new spine, at most 64 probes; none
+             where the neighbour shares its leaf), the group takes one path
+             per spine the largest survey found when that is more than the
+             vNICs (at most 16), else one per vNIC; then as maestro with
+             that k. The same rule as the engine's (autoPathCount,
+             surveyDone).
     spray    ideal packet spraying: every flow split evenly over all the live
              spines between its leaves.
 * Ideal: the busbw of the same fabric and placement with `spray` and no
@@ -89,7 +98,11 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "docs", "results", "data")
-POLICIES = ("gloo", "k-even", "maestro", "spray")
+POLICIES = ("gloo", "k-even", "maestro", "defaults", "spray")
+# maestro's paths=auto (csrc/multipath/discovery.h): at most this many paths,
+# and the route survey's probe budget.
+AUTO_PATHS_MAX = 16
+SURVEY_PROBES = 64
 RANKS = (16, 32, 64, 128, 256, 512, 1024)
 KS = (1, 2, 4, 8)
 FAILED = (0, 1, 2)
@@ -228,15 +241,49 @@ def discover(rng: np.random.Generator, live: np.ndarray, k: int, candidates: int
     return np.take_along_axis(draws, order, axis=1)
 
 
+def survey(rng: np.random.Generator, live: np.ndarray, cross: np.ndarray, vnics: int) -> np.ndarray:
+    """Each pair's route survey (the engine's surveyRoutes): probes hashed
+    over the pair's live spines in rounds of vnics, 2 vnics, 4 vnics, ...;
+    the survey stops after a round that found no new spine or at
+    SURVEY_PROBES probes. Returns the distinct spines each pair's survey saw
+    (0 for a pair on one leaf: no router answers)."""
+    draws = uniform_choice(rng, live, SURVEY_PROBES)
+    seen = np.cumsum(draws[:, :, None] == np.arange(live.shape[1]), axis=1) > 0
+    distinct = seen.sum(axis=2)  # after each probe
+    ends, sent, size = [], 0, vnics
+    while sent < SURVEY_PROBES:
+        size = min(size, SURVEY_PROBES - sent)
+        sent += size
+        ends.append(sent)
+        size *= 2
+    counts = distinct[:, np.array(ends) - 1]  # pairs x rounds
+    new = np.diff(counts, axis=1, prepend=0)
+    stop = np.argmax(new == 0, axis=1)  # the first round with nothing new
+    stop = np.where((new == 0).any(axis=1), stop, len(ends) - 1)
+    return np.where(cross, counts[np.arange(len(counts)), stop], 0)
+
+
+def auto_paths(hops: np.ndarray, vnics: int) -> int:
+    """The engine's autoPathCount: one path per vNIC, or one per core hop the
+    largest survey saw where that is more (at most AUTO_PATHS_MAX)."""
+    seen = int(hops.max()) if len(hops) else 0
+    return max(vnics, min(seen, AUTO_PATHS_MAX)) if seen > vnics else vnics
+
+
 def build_flows(fab: Fabric, policy: str, k: int, candidates: int, src: np.ndarray, dst: np.ndarray,
-                live_up: np.ndarray, rng: np.random.Generator):
-    """Flows (links, group, data) of one ring step, each pair moving 1 unit."""
+                live_up: np.ndarray, rng: np.random.Generator, vnics: int = 4, info: dict | None = None):
+    """Flows (links, group, data) of one ring step, each pair moving 1 unit.
+    `info` gets the path count used ("k")."""
     sleaf, dleaf = src // fab.ranks_per_leaf, dst // fab.ranks_per_leaf
     cross = sleaf != dleaf
     live = live_up[sleaf] & live_up[dleaf]  # a link down kills both directions
     if (live[cross].sum(axis=1) == 0).any():
         return None
     npairs = len(src)
+    if policy == "defaults":
+        policy, k = "maestro", auto_paths(survey(rng, live, cross, vnics), vnics)
+    if info is not None:
+        info["k"] = k
     if policy == "gloo":
         spines, share, pooled = uniform_choice(rng, live, 1), None, False
     elif policy == "k-even":
@@ -294,12 +341,12 @@ def draw_trial(fab: Fabric, seed: int, placement: str, failed: int, spread: str)
 
 
 def busbw(fab: Fabric, trial: Trial, policy: str, k: int = 4, candidates: int = 8, seed: int = 0,
-          efficiency: float = 1.0) -> float:
+          efficiency: float = 1.0, vnics: int = 4, info: dict | None = None) -> float:
     """Allreduce busbw (Gbit/s) of one seed: (size/n) / ring step time."""
     src = trial.host_of_rank
     dst = np.roll(src, -1)
     rng = np.random.default_rng([seed, fab.ranks, 2])
-    flows = build_flows(fab, policy, k, candidates, src, dst, trial.live_up, rng)
+    flows = build_flows(fab, policy, k, candidates, src, dst, trial.live_up, rng, vnics, info)
     if flows is None:
         return 0.0
     return efficiency / step_time(*flows, fab.capacity())
@@ -312,18 +359,41 @@ def quantiles(xs) -> dict:
 
 
 def monte_carlo(fab: Fabric, policies, *, ks=(4,), failed=0, placement="scattered", spread="leaf0", seeds=100,
-                candidates=8) -> list[dict]:
-    """Rows (policy, k) with busbw and fraction of ideal over seeds."""
-    rows = {(p, k): [] for p in policies for k in (ks if p in ("k-even", "maestro") else (1,))}
+                candidates=8, vnics=4) -> list[dict]:
+    """Rows (policy, k) with busbw and fraction of ideal over seeds; the
+    defaults' row has k "auto" and the path counts it chose ("paths")."""
+    rows = {(p, k): [] for p in policies
+            for k in (ks if p in ("k-even", "maestro") else ("auto",) if p == "defaults" else (1,))}
+    chosen = {key: [] for key in rows}
     ideal = []
     for seed in range(seeds):
         trial = draw_trial(fab, seed, placement, failed, spread)
         ideal.append(busbw(fab, draw_trial(fab, seed, placement, 0, spread), "spray", seed=seed))
         for (p, k), out in rows.items():
-            out.append(busbw(fab, trial, p, k, candidates, seed))
+            info = {}
+            out.append(busbw(fab, trial, p, k, candidates, seed, vnics=vnics, info=info))
+            chosen[(p, k)].append(info.get("k", k))
     ideal = np.array(ideal)
-    return [{"policy": p, "k": k, "busbw_gbps": quantiles(v), "fraction": quantiles(np.array(v) / ideal),
-             "ideal_gbps": quantiles(ideal)} for (p, k), v in rows.items()]
+    return [dict({"policy": p, "k": k, "busbw_gbps": quantiles(v), "fraction": quantiles(np.array(v) / ideal),
+                  "ideal_gbps": quantiles(ideal)}, **({"paths": quantiles(chosen[(p, k)])} if p == "defaults" else {}))
+            for (p, k), v in rows.items()]
+
+
+def summary(seeds: int, candidates: int, vnics: int) -> dict:
+    """The headline case: maestro's defaults at 1,024 ranks, 16 spines, 1:1
+    (core links as fast as access links), scattered placement; and with 2
+    failed leaf-spine links (on rank 0's leaf)."""
+    fab = Fabric(1024, 16, 16, 100.0, 100.0)
+    out = {"ranks": fab.ranks, "spines": fab.spines, "placement": "scattered", "policy": "maestro defaults"}
+    for failed in (0, 2):
+        row = monte_carlo(fab, ("defaults",), failed=failed, placement="scattered", seeds=seeds,
+                          candidates=candidates, vnics=vnics)[0]
+        key = "fraction_of_ideal" if failed == 0 else f"fraction_of_ideal_{failed}_failed_links"
+        out[key] = round(row["fraction"]["median"], 3)
+        out[f"{key}_p10"] = round(row["fraction"]["p10"], 3)
+        out["paths" if failed == 0 else f"paths_{failed}_failed_links"] = row["paths"]["median"]
+    out.update(vnics=vnics, seeds=seeds)
+    return out
 
 
 # ---------------------------------------------------------------- the lab
@@ -365,20 +435,54 @@ def validate(seeds: int, candidates: int) -> dict:
     # busbw scales with 1 / time: the row's busbw is at its median time ("seconds").
     measured = {v: r["busbw_GBps"] * 1e3 * r["seconds"] / min(r["times"]) for v, r in rows_at.items()}
     median = {v: r["busbw_GBps"] * 1e3 for v, r in rows_at.items()}
+    rows = compare(fab, (("gloo", "gloo", 1, "gloo"), ("single", "maestro", 1, "maestro"),
+                         ("adaptive", "maestro", 4, "maestro")), measured, median, eff, seeds, candidates)
+    out = {"fabric": fabric_dict(fab), "bytes": size, "source": "docs/results/data/collectives.json "
+           "runs['ecmp/allreduce'], recorded " + col["date"] + " at maestro " + col["machine"]["maestro_commit"],
+           "efficiency": eff, "rows": rows}
+    spines = os.path.join(DATA, "spines.json")
+    if os.path.exists(spines):
+        with open(spines) as f:
+            out["spines"] = validate_spines(json.load(f), eff, seeds, candidates)
+    return out
+
+
+def compare(fab: Fabric, variants, measured: dict, median: dict, eff: dict, seeds: int, candidates: int,
+            vnics: int = 4) -> list[dict]:
+    """Simulated rows (MB/s, packed, no failures) against measured ones:
+    (lab variant, sim policy, k, transport) each."""
     rows = []
-    for variant, policy, k, transport in (("gloo", "gloo", 1, "gloo"), ("single", "maestro", 1, "maestro"),
-                                          ("adaptive", "maestro", 4, "maestro")):
-        sims = [busbw(fab, draw_trial(fab, s, "packed", 0, "leaf0"), policy, k, candidates, s, eff[transport])
-                * 1e3 / 8 for s in range(seeds)]
+    for variant, policy, k, transport in variants:
+        info = {}
+        sims = [busbw(fab, draw_trial(fab, s, "packed", 0, "leaf0"), policy, k, candidates, s, eff[transport],
+                      vnics=vnics, info=info) * 1e3 / 8 for s in range(seeds)]
         q = quantiles(sims)
         ratio = q["median"] / measured[variant]
-        rows.append({"variant": variant, "policy": policy, "k": k, "efficiency": eff[transport],
+        rows.append({"variant": variant, "policy": policy, "k": info.get("k", k), "efficiency": eff[transport],
                      "sim_MBps": q, "measured_MBps": measured[variant], "ratio": ratio,
                      "measured_median_MBps": median[variant], "ratio_to_median": q["median"] / median[variant],
                      "within_10pct": bool(abs(ratio - 1) <= 0.10)})
-    return {"fabric": fabric_dict(fab), "bytes": size, "source": "docs/results/data/collectives.json "
-            "runs['ecmp/allreduce'], recorded " + col["date"] + " at maestro " + col["machine"]["maestro_commit"],
-            "efficiency": eff, "rows": rows}
+    return rows
+
+
+def validate_spines(rec: dict, eff: dict, seeds: int, candidates: int) -> dict:
+    """The simulator's defaults (paths=auto) against the lab with more
+    spines than vNICs (docs/results/data/spines.json: 4 hosts on 2 leaves,
+    8 spines, 4 aliases, ECMP), 64 MiB allreduce: the fastest iteration of
+    any trial, and the median over trials beside it."""
+    d = rec["data"]
+    fab = Fabric(ranks=4, ranks_per_leaf=2, spines=d["spines"], access_gbps=d["access_mbit"] / 1e3,
+                 core_gbps=d["core_mbit"] / 1e3)
+    size = max(r["bytes"] for run in d["runs"] for r in run["rows"])
+    at = [r for run in d["runs"] for r in run["rows"] if r["bytes"] == size]
+    measured = {v: max(r["busbw_GBps"] * 1e3 * r["seconds"] / min(r["times"]) for r in at if r["variant"] == v)
+                for v in d["variants"]}
+    median = {v: float(np.median([r["busbw_GBps"] * 1e3 for r in at if r["variant"] == v])) for v in d["variants"]}
+    rows = compare(fab, (("gloo", "gloo", 1, "gloo"), ("adaptive@paths=4", "maestro", 4, "maestro"),
+                         ("adaptive", "defaults", "auto", "maestro")), measured, median, eff, seeds, candidates,
+                   vnics=d["aliases"])
+    return {"fabric": fabric_dict(fab), "bytes": size, "source": "docs/results/data/spines.json, recorded "
+            + rec["date"] + " at maestro " + rec["machine"]["maestro_commit"], "rows": rows}
 
 
 # ---------------------------------------------------------------- CLI
@@ -430,19 +534,28 @@ def main(argv=None) -> int:
     ap.add_argument("--failed", type=csv(int), default=FAILED, help="failed leaf-spine link counts")
     ap.add_argument("--failure-spread", choices=("leaf0", "random"), default="leaf0")
     ap.add_argument("--candidates", type=int, default=8, help="discovery candidates per path (MAESTRO_CANDIDATES)")
-    ap.add_argument("--seeds", type=int, default=100)
+    ap.add_argument("--seeds", type=int, default=None, help="Monte Carlo seeds (default 100; 20 with --summary)")
+    ap.add_argument("--vnics", type=int, default=4, help="vNICs per host, for the defaults (paths=auto)")
     ap.add_argument("--only", type=csv(str), default=("scale", "k", "failures", "validation"))
+    ap.add_argument("--summary", action="store_true",
+                    help="only the headline case (1,024 ranks, 16 spines, 1:1, scattered, maestro's defaults, and "
+                         "with 2 failed links): its JSON as the last line; writes nothing")
     ap.add_argument("--out", default=os.path.join(DATA, "fabric_sim.json"))
     args = ap.parse_args(argv)
     for p in args.policies:
         if p not in POLICIES:
             ap.error(f"unknown policy {p}; known: {', '.join(POLICIES)}")
+    if args.summary:
+        print(json.dumps(summary(args.seeds or 20, args.candidates, args.vnics)))
+        return 0
+    args.seeds = args.seeds or 100
     fabrics = args.fabrics if args.spines is None else tuple((s, args.core_gbps, args.placements)
                                                              for s in args.spines)
     start = time.time()
     big = max(args.ranks)
     data = {"lab": "none: a flow-level simulation (benchmarks/fabric_sim.py), validated against the lab's records",
-            "seeds": args.seeds, "candidates": args.candidates, "k": args.k, "failure_spread": args.failure_spread,
+            "seeds": args.seeds, "candidates": args.candidates, "k": args.k, "vnics": args.vnics,
+            "failure_spread": args.failure_spread,
             "ranks_per_leaf": args.ranks_per_leaf, "access_gbps": args.access_gbps,
             "fabrics": [], "scale": [], "k_sweep": [], "failures": []}
     for spines, core, placements in fabrics:
@@ -455,24 +568,25 @@ def main(argv=None) -> int:
                 for n in args.ranks:
                     fab = Fabric(n, args.ranks_per_leaf, spines, args.access_gbps, core)
                     rows = monte_carlo(fab, args.policies, ks=(args.k,), placement=placement, seeds=args.seeds,
-                                       candidates=args.candidates)
+                                       candidates=args.candidates, vnics=args.vnics)
                     data["scale"] += [dict(r, ranks=n, **common) for r in rows]
                     print_rows(f"{where}, {n} ranks", rows, "policy")
             fab = Fabric(big, args.ranks_per_leaf, spines, args.access_gbps, core)
             if "k" in args.only:
                 rows = monte_carlo(fab, args.policies, ks=args.ks, placement=placement, seeds=args.seeds,
-                                   candidates=args.candidates)
+                                   candidates=args.candidates, vnics=args.vnics)
                 data["k_sweep"] += [dict(r, ranks=big, **common) for r in rows]
                 print_rows(f"{where}, {big} ranks, k sweep", rows, "k")
             if "failures" in args.only:
                 for failed in args.failed:
                     rows = monte_carlo(fab, args.policies, ks=(args.k,), failed=failed, placement=placement,
-                                       spread=args.failure_spread, seeds=args.seeds, candidates=args.candidates)
+                                       spread=args.failure_spread, seeds=args.seeds, candidates=args.candidates,
+                                       vnics=args.vnics)
                     data["failures"] += [dict(r, ranks=big, failed=failed, **common) for r in rows]
                     print_rows(f"{where}, {big} ranks, {failed} failed", rows, "policy")
     if "validation" in args.only:
         data["validation"] = validate(args.seeds, args.candidates)
-        for r in data["validation"]["rows"]:
+        for r in data["validation"]["rows"] + data["validation"].get("spines", {}).get("rows", []):
             print(f"lab {r['variant']:>8}: sim {r['sim_MBps']['median']:.1f} MB/s, measured {r['measured_MBps']:.1f} "
                   f"MB/s, ratio {r['ratio']:.3f}, within 10 %: {r['within_10pct']}")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

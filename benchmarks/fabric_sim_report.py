@@ -8,10 +8,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STYLE = {"gloo": "s--", "k-even": "^-", "maestro": "o-", "spray": "k:"}
+STYLE = {"gloo": "s--", "k-even": "^-", "maestro": "o-", "defaults": "D-", "spray": "k:"}
 
 
 def label(r: dict) -> str:
+    if r["policy"] == "defaults":
+        return "maestro defaults"
     return r["policy"] + (f" k={r['k']}" if r["policy"] in ("k-even", "maestro") else "")
 
 
@@ -27,6 +29,19 @@ def band(ax, xs, rows, name):
     med = [r["fraction"]["median"] for r in rows]
     ax.plot(xs, med, STYLE.get(rows[0]["policy"], "o-"), label=name)
     ax.fill_between(xs, [r["fraction"]["p10"] for r in rows], [r["fraction"]["p90"] for r in rows], alpha=0.2)
+
+
+def validation_table(rows) -> str:
+    from report import table  # report.py imports this module
+
+    return table(["lab variant", "sim policy", "efficiency", "sim busbw MB/s median (p10-p90)",
+                  "measured MB/s, fastest iteration", "sim / fastest", "within 10 %", "measured MB/s, median",
+                  "sim / median"],
+                 [[r["variant"], f"{label(r)} k={r['k']}" if r["policy"] == "defaults" else f"{r['policy']} k={r['k']}",
+                   r["efficiency"], spread(r["sim_MBps"]), r["measured_MBps"], f"{r['ratio']:.3f}",
+                   "yes" if r["within_10pct"] else "**no**",
+                   r["measured_median_MBps"] if "measured_median_MBps" in r else "-",
+                   f"{r['ratio_to_median']:.3f}" if "ratio_to_median" in r else "-"] for r in rows])
 
 
 def grid(rows, xkey, xs, series) -> list[list]:
@@ -60,13 +75,16 @@ def section(rec: dict, out: str):
             "measured allreduce. The model gives the rate the fabric allows, so it is held to the run's fastest "
             "iteration; the run's median, which also carries the host's noise and TCP's loss recoveries, is "
             "shown beside it.\n\n"
-            + table(["lab variant", "sim policy", "efficiency", "sim busbw MB/s median (p10-p90)",
-                     "measured MB/s, fastest iteration", "sim / fastest", "within 10 %", "measured MB/s, median",
-                     "sim / median"],
-                    [[r["variant"], f"{r['policy']} k={r['k']}", r["efficiency"], spread(r["sim_MBps"]),
-                      r["measured_MBps"], f"{r['ratio']:.3f}", "yes" if r["within_10pct"] else "**no**",
-                      r["measured_median_MBps"] if "measured_median_MBps" in r else "-",
-                      f"{r['ratio_to_median']:.3f}" if "ratio_to_median" in r else "-"] for r in v["rows"]]))
+            + validation_table(v["rows"]))
+        sp = v.get("spines")
+        if sp:
+            f = sp["fabric"]
+            parts.append(
+                f"**Validation with more spines than vNICs** ({f['ranks']} hosts on {f['leaves']} leaves, "
+                f"{f['spines']} spines, 4 aliases per host, ECMP, packed; {sp['bytes'] >> 20} MiB allreduce; "
+                f"measured: {sp['source']}, the fastest iteration of any trial and the median over trials): "
+                "maestro's defaults (paths=auto, simulated with the engine's survey and rule) against one path "
+                "per vNIC and gloo, with the same efficiencies.\n\n" + validation_table(sp["rows"]))
     scale, ksw, fails = d["scale"], d["k_sweep"], d["failures"]
     access = d["access_gbps"]
     fabrics = d["fabrics"]
@@ -148,16 +166,19 @@ def section(rec: dict, out: str):
                     if rows:
                         band(axes[1], [r["k"] for r in rows], rows, pol)
                 for r in ks:
-                    if r["policy"] in ("gloo", "spray"):
-                        axes[1].axhline(r["fraction"]["median"], ls=STYLE[r["policy"]][1:], color="gray",
-                                        label=r["policy"])
+                    if r["policy"] in ("gloo", "spray", "defaults"):
+                        axes[1].axhline(r["fraction"]["median"], ls=STYLE[r["policy"]][1:],
+                                        color="tab:red" if r["policy"] == "defaults" else "gray", label=label(r))
                 axes[1].set_xlabel("k (paths or flows per peer)")
                 axes[1].set_xscale("log", base=2)
                 n = ks[0]["ranks"]
                 trs = [[k] + [spread(r["fraction"]) if r else "" for r in
                               (next(iter(pick(ks, policy=p, k=k)), None) for p in ("k-even", "maestro"))]
                        for k in kvals]
-                parts.append(f"vs k at {n} ranks (gloo: {spread(pick(ks, policy='gloo')[0]['fraction'])})\n\n"
+                auto = pick(ks, policy="defaults")
+                parts.append(f"vs k at {n} ranks (gloo: {spread(pick(ks, policy='gloo')[0]['fraction'])}"
+                             + (f"; maestro defaults: {spread(auto[0]['fraction'])} with "
+                                f"{auto[0]['paths']['median']:g} paths, median" if auto else "") + ")\n\n"
                              + table(["k", "k-even", "maestro"], trs) if pick(ks, policy="gloo") else "")
             if fl:
                 failed = sorted({r["failed"] for r in fl})
@@ -183,6 +204,10 @@ def section(rec: dict, out: str):
             "model and its choices are in the module's docstring). Policies: **gloo** one connection per peer; "
             f"**k-even** k connections per peer each carrying 1/k, hashed independently (NCCL's QPs per "
             f"connection, E-ECMP); **maestro** k paths per peer placed by discovery ({d['candidates']} candidates "
-            "per path) with the adaptive split; **spray** ideal packet spraying. Ideal = the same fabric and "
+            "per path) with the adaptive split; **maestro defaults** maestro as it comes, with "
+            f"{d.get('vnics', 4)} vNICs per host: MAESTRO_PATHS=auto counts the spines with the set-up's route "
+            "probes (the engine's rule: rounds of probes until one finds no new spine) and opens one path per "
+            "spine, at most 16, where that is more than the vNICs, then as maestro; "
+            "**spray** ideal packet spraying. Ideal = the same fabric and "
             "placement with spraying and no failures. Reproduce with the command below (then "
             "`python benchmarks/report.py`).\n\n" + "\n\n".join(p for p in parts if p))

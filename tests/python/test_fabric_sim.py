@@ -109,6 +109,53 @@ def test_discovery_finds_disjoint_spines_when_there_are_enough():
     assert all(set(row) == {0, 1} for row in few)
 
 
+def test_the_route_survey_counts_the_live_spines_and_none_within_a_leaf():
+    rng = np.random.default_rng(3)
+    live = np.ones((2000, 8), bool)
+    live[:1000, 5:] = False  # half the pairs have 5 live spines
+    cross = np.ones(2000, bool)
+    cross[-100:] = False  # and some share a leaf
+    hops = fs.survey(rng, live, cross, vnics=4)
+    assert (hops[:1000] <= 5).all() and (hops[-100:] == 0).all()
+    # The rounds (4, 8, 16, ... probes, until one finds nothing new) find
+    # every spine in most surveys: the engine's comment quotes these rates.
+    assert (hops[:1000] == 5).mean() > 0.95
+    assert 0.9 < (hops[1000:1900] == 8).mean() < 0.99
+    many = fs.survey(rng, np.ones((4000, 16), bool), np.ones(4000, bool), vnics=4)
+    assert 0.72 < (many == 16).mean() < 0.80 and 15.6 < many.mean() < 15.85
+
+
+def test_auto_paths_follow_the_engines_rule():
+    # The cases of AutoPaths.OnePerVnicUnlessTheRoutersSpreadOverMoreSpines
+    # (tests/cpp/test_discovery.cc).
+    assert fs.auto_paths(np.array([]), 4) == 4
+    assert fs.auto_paths(np.array([0, 4, 0, 3]), 4) == 4
+    assert fs.auto_paths(np.array([0, 8, 0, 7]), 4) == 8
+    assert fs.auto_paths(np.array([16]), 3) == 16
+    assert fs.auto_paths(np.array([40, 64]), 4) == fs.AUTO_PATHS_MAX == 16
+    assert fs.auto_paths(np.array([32]), 20) == 20
+
+
+def test_defaults_open_a_path_per_spine_and_reach_the_target_at_1024_ranks(capsys):
+    # The lab's shape with 8 spines and 4 vNICs: auto opens 8 paths, which
+    # fill the 1 Gbit/s NIC that 4 paths of 0.2 could not.
+    fab = fs.Fabric(ranks=4, ranks_per_leaf=2, spines=8, access_gbps=1.0, core_gbps=0.2)
+    trial = fs.draw_trial(fab, 0, "packed", 0, "leaf0")
+    info = {}
+    assert fs.busbw(fab, trial, "defaults", vnics=4, info=info) == pytest.approx(1.0)
+    assert info["k"] == 8
+    assert fs.busbw(fab, trial, "maestro", k=4) == pytest.approx(0.8)
+    # The headline case, as `fabric_sim.py --summary` prints it (few seeds).
+    assert fs.main(["--summary", "--seeds", "3"]) == 0
+    import json
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {k: last[k] for k in ("ranks", "spines", "placement", "policy")} == {
+        "ranks": 1024, "spines": 16, "placement": "scattered", "policy": "maestro defaults"}
+    assert last["paths"] == 16
+    assert last["fraction_of_ideal"] >= 0.90, last
+    assert last["fraction_of_ideal_2_failed_links"] >= 0.85, last
+
+
 def test_maestro_with_discovery_fills_the_core_where_gloo_and_k_even_collide():
     # The lab's shape: 4 hosts on 2 leaves, 4 spines of 0.2, access 1. Maestro's
     # 4 disjoint paths carry 0.8 per crossing; gloo's one flow 0.2.
