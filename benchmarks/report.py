@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import fabric_sim_report  # noqa: E402
 import gpu_report  # noqa: E402
-from variants import is_gloo, maestro_policy  # noqa: E402
+from variants import is_gloo, is_maestro, maestro_policy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -261,6 +261,53 @@ def sec_collectives(rec, out):
             "balancing policy and the peers in the same processes: gloo (one device), gloo-4dev (one gloo device "
             "per vNIC address; one collective still takes one device) and single (maestro on one path).\n\n"
             + "\n\n".join(parts))
+
+
+def spines_cells(d: dict) -> dict:
+    """{(variant, bytes): busbw MB/s of each trial} of the spines experiment."""
+    cells = {}
+    for run in d["runs"]:
+        for r in run["rows"]:
+            cells.setdefault((r["variant"], r["bytes"]), []).append(r["busbw_GBps"] * 1e3)
+    return cells
+
+
+def sec_spines(rec, out):
+    d = rec["data"]
+    limit = d["physical_limit_GBps"] * 1e3
+    cells = spines_cells(d)
+    variants = d["variants"]
+    sizes = sorted({b for _, b in cells})
+    med = {k: statistics.median(v) for k, v in cells.items()}
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for i, v in enumerate(variants):
+        ys = [med[(v, s)] for s in sizes]
+        xs = [s * 2 ** (0.12 * (i - 1)) for s in sizes]
+        ax.errorbar(xs, ys, yerr=[[y - min(cells[(v, s)]) for y, s in zip(ys, sizes)],
+                                  [max(cells[(v, s)]) - y for y, s in zip(ys, sizes)]],
+                    fmt="s--" if is_gloo(v) else "o-", capsize=3, label=v)
+    ax.axhline(limit, color="red", ls=":", label="physical limit")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("busbw (MB/s)")
+    ax.set_title("allreduce, 8 spines, 4 vNICs per host, ECMP")
+    ax.legend(fontsize=8)
+    trs = []
+    for s in sizes:
+        trs.append([size_label(s)] + [spread_cell(med[(v, s)], cells[(v, s)]) for v in variants]
+                   + [f"{med[(v, s)] / limit:.2f}" for v in variants if is_maestro(v)]
+                   + [f"{med[('adaptive', s)] / med[('adaptive@paths=4', s)]:.2f}",
+                      f"{med[('adaptive', s)] / med[('gloo', s)]:.2f}"])
+    hdr = (["size"] + [f"{v} busbw MB/s" for v in variants] + [f"{v} / limit" for v in variants if is_maestro(v)]
+           + ["adaptive / adaptive@paths=4", "adaptive / gloo"])
+    return ("More spines than vNICs (paths=auto)",
+            f"nccl-tests busbw of allreduce on 4 ranks, {d['lab']} (the ring crosses the core twice; physical limit "
+            f"{limit:.0f} MB/s: the access link of {d['access_mbit']} Mbit/s, below the {d['spines']} core links of "
+            f"{d['core_mbit']} Mbit/s that one crossing can use). **adaptive** is maestro as it comes: "
+            "MAESTRO_PATHS=auto counts the spines with the set-up's route probes and opens one path per spine; "
+            "**adaptive@paths=4** is one path per vNIC, the count before auto; both run discovery (auto). Median "
+            f"(min-max) over {len(d['runs'])} interleaved trials, each rotating the order of the variants.\n\n"
+            + table(hdr, trs) + "\n\n" + save(fig, out, "spines"))
 
 
 def sec_p2p_alltoall(rec, out):
@@ -851,6 +898,7 @@ def footprint_cpu_table(rec: dict) -> str:
 
 
 SECTIONS = {"p2p_paths": sec_p2p_paths, "chunk_size": sec_chunk_size, "collectives": sec_collectives,
+            "spines": sec_spines,
             "mid_size": sec_mid_size, "p2p_alltoall": sec_p2p_alltoall, "models": sec_models, "load_balance": sec_load_balance,
             "detection": sec_detection, "resiliency": sec_resiliency, "failover": sec_failover,
             "latency": sec_latency,
@@ -1076,6 +1124,12 @@ def sanity(recs: dict) -> list[str]:
                         for r in run["rows"]:
                             if not r["exact"]:
                                 bad.append(f"{name}: {coll} {r['variant']} {r['bytes']} B: the result was wrong")
+            elif name == "spines":
+                for run in d["runs"]:
+                    for r in run["rows"]:
+                        positive(name, f"{r['variant']} {r['bytes']} B busbw", r["busbw_GBps"])
+                        if not r["exact"]:
+                            bad.append(f"{name}: {r['variant']} {r['bytes']} B: the result was wrong")
             elif name in ("collectives", "p2p_alltoall"):
                 for key, run in d["runs"].items():
                     for r in run["rows"]:

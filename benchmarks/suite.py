@@ -164,6 +164,29 @@ def exp_collectives(ctx):
             "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "runs": runs}
 
 
+def exp_spines(ctx):
+    """More spines than vNICs: 4 hosts on 2 leaves, 8 spines, 4 aliases per
+    host, ECMP. maestro as it comes (MAESTRO_PATHS=auto: the set-up's route
+    probes count 8 core hops, so 8 paths per peer, 2 per vNIC) beside one
+    path per vNIC (adaptive@paths=4, the count before auto) and gloo. A
+    crossing's 8 spine links (1,600 Mbit/s) are more than a host's access
+    link (1,000 Mbit/s), so 8 paths can fill the NIC where 4 reach 800.
+    Interleaved trials, each rotating the order of the variants."""
+    sizes = "16M" if ctx.quick else "1M,64M"
+    variants = ["adaptive", "adaptive@paths=4", "gloo"]
+    trials = 1 if ctx.quick else 3
+    runs = []
+    with ctx.lab("spn", hosts=4, leaves=2, spines=8, aliases=4, mode="ecmp") as lab:
+        for trial in range(trials):
+            order = variants[trial % len(variants):] + variants[:trial % len(variants)]
+            print(f"    trial {trial + 1}/{trials}", file=sys.stderr, flush=True)
+            runs.append(run_ranks(lab, ["sweep", "--collective", "allreduce", "--sizes", sizes, "--variants",
+                                        ",".join(order), "--budget", "0.5" if ctx.quick else "1.5"], timeout=1800))
+    return {"lab": "4 hosts, 2 leaves, 8 spines, 4 aliases per host, ECMP", "core_mbit": CORE, "access_mbit": ACCESS,
+            "spines": 8, "aliases": 4, "physical_limit_GBps": min(ACCESS, 8 * CORE) / 8 / 1000,
+            "variants": variants, "runs": runs}
+
+
 def exp_p2p_alltoall(ctx):
     """Point to point and all-to-all, nccl-tests style, on the pinned lab of
     exp_collectives: sendrecv (every rank sends to rank+1 and receives from
@@ -420,7 +443,9 @@ HUNT_BG_MBIT = 150  # UDP on a 200 Mbit/s core link: a path left there keeps a q
 
 
 def exp_hunting(ctx):
-    """2 ranks on 2 leaves (h0, h2), 8 spines, ECMP, discovery, 4 paths, 64 MiB
+    """2 ranks on 2 leaves (h0, h2), 8 spines, ECMP, discovery, 4 paths (set:
+    paths=auto would open one per spine, leaving hunting no free spine to
+    move to; hunting is for fabrics with more spines than paths), 64 MiB
     allreduces in a loop. Once the group is up, unresponsive (UDP) background
     flows start on the spines that paths 0 and 1 took, in each direction
     (h1 -> h3 on rank 0's, h3 -> h1 on rank 1's outgoing routes). Variants, in
@@ -446,13 +471,15 @@ def exp_hunting(ctx):
                 print(f"    trial {trial + 1}/{trials}: {variant}", file=sys.stderr, flush=True)
                 try:
                     res = run_ranks(lab, ["loop", "--size", "64M", "--seconds", str(seconds)],
-                                    hosts=[0, 2], env={"MAESTRO_HUNT": "off" if variant == "no hunting" else "auto"},
+                                    hosts=[0, 2], env={"MAESTRO_HUNT": "off" if variant == "no hunting" else "auto",
+                                                       "MAESTRO_PATHS": "4"},
                                     on_ready=load)
                 finally:
                     for b in bgs:
                         b.stop()
                 runs.append({"trial": trial, "variant": variant, "events": events, **res})
-    return {"lab": "2 ranks (h0, h2) on 2 leaves, 8 spines, ECMP, 4 paths, maestro's defaults (discovery auto)",
+    return {"lab": "2 ranks (h0, h2) on 2 leaves, 8 spines, ECMP, 4 paths (MAESTRO_PATHS=4), maestro's defaults "
+                   "otherwise (discovery auto)",
             "core_mbit": CORE,
             "background_mbit": HUNT_BG_MBIT, "physical_limit_GBps": 4 * CORE / 8 / 1e3, "runs": runs}
 

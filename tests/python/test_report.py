@@ -181,6 +181,30 @@ def test_p2p_alltoall_wrong_results_and_missing_peers_are_reported(tmp_path):
     assert body.count("*Not measured in this record: gloo-4dev (") == 2, body
 
 
+def test_spines_compares_auto_with_one_path_per_vnic_over_interleaved_trials(tmp_path):
+    # Three trials; busbw (MB/s) per variant and trial: the median is the
+    # middle trial's, the spread the trials' min-max.
+    trial_busbw = {"adaptive": (110.0, 112.0, 104.0), "adaptive@paths=4": (80.0, 78.0, 82.0),
+                   "gloo": (22.0, 23.0, 24.0)}
+    runs = []
+    for t in range(3):
+        runs.append({"collective": "allreduce", "world": 4, "rows": [
+            {"variant": v, "bytes": 64 << 20, "busbw_GBps": b[t] / 1e3, "seconds": 1.0, "times": [1.0],
+             "exact": True} for v, b in trial_busbw.items()]})
+    rec = dict(p2p_alltoall_record(), experiment="spines", data={
+        "lab": "4 hosts, 2 leaves, 8 spines, 4 aliases per host, ECMP", "core_mbit": 200, "access_mbit": 1000,
+        "spines": 8, "aliases": 4, "physical_limit_GBps": 0.125, "variants": list(trial_busbw), "runs": runs})
+    assert report.sanity({"spines": rec}) == []
+    md = report.render({"spines": rec}, str(tmp_path))
+    assert "## More spines than vNICs (paths=auto)" in md and "physical limit 125 MB/s" in md
+    line = next(l for l in md.splitlines() if l.startswith("| 64 MiB |"))
+    assert line == ("| 64 MiB | 110.0 (104.0-112.0) | 80.0 (78.0-82.0) | 23.0 (22.0-24.0) | 0.88 | 0.64 | 1.38 "
+                    "| 4.78 |"), line
+    assert (tmp_path / "results" / "spines.png").exists()
+    runs[1]["rows"][0]["exact"] = False
+    assert report.sanity({"spines": rec}) == ["spines: adaptive 67108864 B: the result was wrong"]
+
+
 def test_ecmp_rows_say_whether_the_defaults_ran_discovery():
     rec = sweep_record({"gloo": 24.0, "adaptive": 90.0})
     run = rec["data"]["runs"].pop("pinned/allreduce")
