@@ -1240,6 +1240,22 @@ def headline(recs: dict) -> list[list]:
                 rows.append([f"allreduce {size >> 20} MiB busbw, " + (ecmp_label(run) if mode == "ecmp" else mode) + how,
                              f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", gloo_cell(g, get, "{:.0f} MB/s"),
                              f"**{m / g[1]:.2f}x**" if g else "-", "≥ 2x on collectives"])
+    sp = recs.get("spines")
+    if sp and sp["status"] == "ok":
+        limit = sp["data"]["physical_limit_GBps"] * 1e3
+        cells = spines_cells(sp["data"])
+        size = max(b for _, b in cells)
+        get = {v: statistics.median(xs) for (v, b), xs in cells.items() if b == size}
+        g = best_gloo(get)
+        if "adaptive" in get:
+            m = get["adaptive"]
+            rows.append([f"allreduce {size >> 20} MiB busbw, ECMP, {sp['data']['spines']} spines and "
+                         f"{sp['data']['aliases']} vNICs, defaults (paths=auto)",
+                         f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f}); "
+                         f"{m / get['adaptive@paths=4']:.2f}x one path per vNIC" if "adaptive@paths=4" in get else
+                         f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})",
+                         gloo_cell(g, get, "{:.0f} MB/s"), f"**{m / g[1]:.2f}x**" if g else "-",
+                         "≥ 2x on collectives"])
     mod = recs.get("models")
     if mod and mod["status"] == "ok":
         for key, run in mod["data"]["runs"].items():

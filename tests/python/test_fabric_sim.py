@@ -215,6 +215,15 @@ def test_the_lab_validation_is_within_ten_percent():
         # never faster than that.
         assert r["measured_MBps"] >= r["measured_median_MBps"] > 0, r
         assert r["ratio_to_median"] == pytest.approx(r["sim_MBps"]["median"] / r["measured_median_MBps"])
+    # The lab with more spines than vNICs (the spines experiment): the
+    # defaults' path count is simulated with the engine's rule, and held to
+    # the same 10 %.
+    sp = v["spines"]
+    assert {r["variant"] for r in sp["rows"]} == {"gloo", "adaptive@paths=4", "adaptive"}
+    auto = next(r for r in sp["rows"] if r["variant"] == "adaptive")
+    assert auto["policy"] == "defaults" and auto["k"] == 8, auto
+    for r in sp["rows"]:
+        assert r["within_10pct"], r
 
 
 def test_cli_writes_a_record(tmp_path):
