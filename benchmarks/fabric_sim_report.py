@@ -31,6 +31,11 @@ def band(ax, xs, rows, name):
     ax.fill_between(xs, [r["fraction"]["p10"] for r in rows], [r["fraction"]["p90"] for r in rows], alpha=0.2)
 
 
+def lab_shape(f: dict) -> str:
+    return (f"{f['ranks']} hosts on {f['leaves']} leaves, {f['spines']} spines, core {f['core_gbps'] * 1e3:.0f} "
+            f"Mbit/s, access {f['access_gbps'] * 1e3:.0f} Mbit/s")
+
+
 def validation_table(rows) -> str:
     from report import table  # report.py imports this module
 
@@ -63,10 +68,8 @@ def section(rec: dict, out: str):
     parts = []
     v = d.get("validation")
     if v:
-        f = v["fabric"]
         parts.append(
-            f"**Validation against the lab** ({f['ranks']} hosts on {f['leaves']} leaves, {f['spines']} spines, core "
-            f"{f['core_gbps'] * 1e3:.0f} Mbit/s, access {f['access_gbps'] * 1e3:.0f} Mbit/s, packed: the ring crosses "
+            f"**Validation against the lab** ({lab_shape(v['fabric'])}, packed: the ring crosses "
             f"the core twice; {v['bytes'] >> 20} MiB allreduce, ECMP mode; measured: {v['source']}). The simulated "
             f"rates are multiplied by each transport's efficiency measured point to point on the lab "
             f"(docs/results/data/p2p_paths.json: payload rate / link rate, gloo {v['efficiency']['gloo']:.3f}, "
@@ -78,10 +81,9 @@ def section(rec: dict, out: str):
             + validation_table(v["rows"]))
         sp = v.get("spines")
         if sp:
-            f = sp["fabric"]
             parts.append(
-                f"**Validation with more spines than vNICs** ({f['ranks']} hosts on {f['leaves']} leaves, "
-                f"{f['spines']} spines, 4 aliases per host, ECMP, packed; {sp['bytes'] >> 20} MiB allreduce; "
+                f"**Validation with more spines than vNICs** ({lab_shape(sp['fabric'])}, 4 aliases per host, ECMP, "
+                f"packed; {sp['bytes'] >> 20} MiB allreduce; "
                 f"measured: {sp['source']}, the fastest iteration of any trial and the median over trials): "
                 "maestro's defaults (paths=auto, simulated with the engine's survey and rule) against one path "
                 "per vNIC and gloo, with the same efficiencies.\n\n" + validation_table(sp["rows"]))
