@@ -153,7 +153,7 @@ std::vector<Knob> buildKnobs() {
       {"paths", "MAESTRO_PATHS", "auto",
        "paths per peer, up to 64 (more than the vNICs reuses them with new source ports); auto: one per vNIC, or "
        "one per core hop the set-up's route probes find where routers hash flows over more spines than there are "
-       "vNICs (at most 16)",
+       "vNICs (at most 16; one per vNIC where MAESTRO_WEIGHTS is set)",
        true, [](const Config& c) { return autoOrNumber(c.paths); },
        [](Config& c, const std::string& v) {
          setAutoOrNumber(c.paths, v, [](const std::string& t) { return parseInt("MAESTRO_PATHS", t, 0, 64); });

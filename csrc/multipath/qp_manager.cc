@@ -209,7 +209,9 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
       else if (any) mesh.discovery_why = "routers between the ranks answered probes";
       else mesh.discovery_why = survey.why;
     }
-    if (config.paths == 0 && mesh.discovery == "ttl" && can_probe) {
+    // MAESTRO_WEIGHTS names one weight per path: auto keeps one path per vNIC.
+    if (config.paths == 0 && !config.weights.empty()) mesh.paths_why = "auto: one per vNIC (MAESTRO_WEIGHTS gives one weight per path)";
+    if (config.paths == 0 && config.weights.empty() && mesh.discovery == "ttl" && can_probe) {
       std::vector<int> hops;
       for (const auto& v : allGather("core_hops", std::to_string(survey.core_hops))) hops.push_back(std::stoi(v));
       PathCount count = autoPathCount(vnic_paths, hops);

@@ -91,7 +91,7 @@ class DiscoveryAuto : public ::testing::Test {
   // from vNIC address .`which`, probing `ttl` hops out. `own_hosts`: each
   // rank with a host name of its own (two hosts), else one host name for
   // both -- which the set-up takes for one host.
-  std::vector<Decision> plan(int ttl, int which = 1, bool own_hosts = true) {
+  std::vector<Decision> plan(int ttl, int which = 1, bool own_hosts = true, const std::string& weights = "") {
     MemoryRendezvous store;
     std::vector<Decision> out(2);
     auto errors = runRanks(2, [&](int rank) {
@@ -108,7 +108,8 @@ class DiscoveryAuto : public ::testing::Test {
       Config config = qp.agreeOnConfig({{"discovery", "auto"},
                                         {"transport", "tcp"},
                                         {"probe_ttl", std::to_string(ttl)},
-                                        {"vnics", addr(rank, which)}});
+                                        {"vnics", addr(rank, which)},
+                                        {"weights", weights}});
       Mesh mesh = qp.plan(config, "");
       out[rank] = {mesh.discovery, mesh.discovery_why, mesh.paths, mesh.paths_why};
     });
@@ -130,6 +131,12 @@ TEST_F(DiscoveryAuto, ARouterAtTheProbeTtlTurnsDiscoveryOn) {
     EXPECT_EQ("routers between the ranks answered probes", d.why);
     EXPECT_EQ(1, d.paths);
     EXPECT_EQ("auto: one per vNIC (route probes found 1 core hop towards the ring neighbours)", d.paths_why);
+  }
+  // Weights name the paths one by one: auto does not add paths beside them.
+  for (const Decision& d : plan(1, 2, true, "1")) {
+    EXPECT_EQ("ttl", d.discovery) << d.why;
+    EXPECT_EQ(1, d.paths);
+    EXPECT_EQ("auto: one per vNIC (MAESTRO_WEIGHTS gives one weight per path)", d.paths_why);
   }
 }
 
