@@ -58,7 +58,21 @@ Verdict judgeBusyPath(const BusyPath& p) {
   // Silent for the limit while it held something: the acknowledgement it
   // last had may be older than what it holds (an idle path's).
   const double silent = std::min(p.stalled, d.since_ack);
-  if (d.unacked == 0 || p.stalled <= kStallFloor || silent <= noAckLimit(d)) return {};
+  if (p.stalled <= kStallFloor || silent <= noAckLimit(d)) return {};
+  if (d.unacked == 0) {
+    // The network acknowledged every byte, yet nothing completes and nothing
+    // at all comes from the peer on the path: the completions it sends back
+    // are lost on the way (a blackhole that began after its kernel acknowledged
+    // our bytes drops them, and the close would wait for the peer's side to
+    // find its own bytes unacknowledged). Set aside, not closed -- the peer
+    // may only be slow to answer: its chunks go again elsewhere now, and it
+    // is closed only on more evidence (its probe unanswered, its own resends).
+    if (p.doubted || p.stalled <= suspectAfter(p)) return {};
+    return {Health::kSuspect, strcat("the network acknowledged all of its bytes, but none of its ", held(p),
+                                     " has completed for ", static_cast<int>(p.stalled * 1000),
+                                     " ms and nothing has come from the peer on the path for ",
+                                     static_cast<int>(d.since_ack * 1000), " ms (its answers lost on the way back?)")};
+  }
   // TCP's own recovery -- a tail-loss probe, then retransmission timeouts
   // -- has resent deadTimeouts() times in a row, and the last resend too has
   // had no answer for a few round trips, nor anything else since: dead. (A

@@ -33,7 +33,11 @@
 //      resends in a row only where it loses many segments, and there the
 //      rule asks for more.
 //      One whose bytes are being acknowledged is at most slow (a busy peer
-//      process does not stop its kernel) and is left alone.
+//      process does not stop its kernel) and is left alone. One whose bytes
+//      were all acknowledged but whose chunks do not complete, while nothing
+//      at all has come from the peer on the path for that limit (the
+//      completions lost on the way back: a blackhole that began after the
+//      ACKs), is suspect too, past suspectAfter().
 //   3. By probe. Where the transport cannot tell, a path whose chunks have
 //      stalled past suspectAfter() -- eight times the gap its own rate
 //      predicts between two chunks, two RTTs, at least kStallFloor -- is

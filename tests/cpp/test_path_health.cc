@@ -93,8 +93,9 @@ TEST(PathHealth, ACongestedPathIsNeverClosedWhileTCPsResendsGetThrough) {
   BusyPath p = labPath(1.5);
   p.delivery = tcp(30, 0.002);
   EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
-  // Everything it sent was acknowledged; the peer has not taken it yet.
-  p.delivery = tcp(0, 1.4);
+  // Everything it sent was acknowledged and the peer's segments still come
+  // on the path (its own data, a window update): it has not taken ours yet.
+  p.delivery = tcp(0, 0.05);
   EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
   // A whole flight and its tail-loss probe lost on a congested link, 200 ms
   // without an ACK and no timeout's resend yet: set aside, not closed.
@@ -277,6 +278,40 @@ TEST(PathHealth, APeerSilentOnEveryPathFailsOnlyWhileWaitedOnAndPastItsTimeout) 
   q.asked = 1e6;
   q.peer_timeout = 0;  // off: the operation's timeout decides
   EXPECT_EQ(judgePeer(q).health, Health::kFine);
+}
+
+// A blackhole that began after the peer's kernel acknowledged our bytes but
+// before the peer sent their completions: nothing is unacknowledged on our
+// side, nothing completes, and nothing comes on the path. Set aside (its
+// chunks go again elsewhere) once the silence passes the no-ACK limit and
+// the stall suspectAfter(); never closed on this alone. Before that, or
+// while the peer's segments still arrive on the path, or once set aside: fine.
+TEST(PathHealth, CompletionsLostAfterTheBytesWereAcknowledgedSetThePathAside) {
+  BusyPath p = labPath(0.13);
+  p.inflight = 2;
+  p.delivery = tcp(0, 0.13, 0.005);
+  Verdict v = judgeBusyPath(p);
+  EXPECT_EQ(v.health, Health::kSuspect) << v.why;
+  EXPECT_NE(v.why.find("acknowledged all of its bytes, but none of its 2 chunks has completed for 130 ms"),
+            std::string::npos)
+      << v.why;
+  EXPECT_NE(v.why.find("nothing has come from the peer on the path for 130 ms"), std::string::npos) << v.why;
+  p.delivery.since_ack = 1.5;  // no timeouts of ours to count: never dead on this alone
+  p.stalled = 1.5;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kSuspect);
+  p.doubted = true;
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p = labPath(0.11);  // within the no-ACK limit (120 ms)
+  p.delivery = tcp(0, 0.11, 0.005);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p = labPath(0.3);  // the peer's segments arrive on the path
+  p.delivery = tcp(0, 0.02, 0.005);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p = labPath(0.3);  // stalled, but not past suspectAfter(): 8 chunk times at its rate
+  p.throughput = 2.5e6;
+  p.delivery = tcp(0, 0.3, 0.005);
+  EXPECT_DOUBLE_EQ(suspectAfter(p), 8 * (256 << 10) / 2.5e6);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
 }
 
 }  // namespace
