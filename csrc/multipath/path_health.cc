@@ -67,7 +67,9 @@ Verdict judgeBusyPath(const BusyPath& p) {
     // find its own bytes unacknowledged). Set aside, not closed -- the peer
     // may only be slow to answer: its chunks go again elsewhere now, and it
     // is closed only on more evidence (its probe unanswered, its own resends).
-    if (p.doubted || p.stalled <= suspectAfter(p)) return {};
+    // Chunks only: a control message is confirmed by later traffic on its
+    // path, which an idle path has none of until its next probe.
+    if (p.inflight <= 0 || p.doubted || p.stalled <= suspectAfter(p)) return {};
     return {Health::kSuspect, strcat("the network acknowledged all of its bytes, but none of its ", held(p),
                                      " has completed for ", static_cast<int>(p.stalled * 1000),
                                      " ms and nothing has come from the peer on the path for ",

@@ -34,7 +34,8 @@
 //      rule asks for more.
 //      One whose bytes are being acknowledged is at most slow (a busy peer
 //      process does not stop its kernel) and is left alone. One whose bytes
-//      were all acknowledged but whose chunks do not complete, while nothing
+//      were all acknowledged but whose chunks (not control messages: later
+//      traffic confirms those) do not complete, while nothing
 //      at all has come from the peer on the path for that limit (the
 //      completions lost on the way back: a blackhole that began after the
 //      ACKs), is suspect too, past suspectAfter().

@@ -284,8 +284,10 @@ TEST(PathHealth, APeerSilentOnEveryPathFailsOnlyWhileWaitedOnAndPastItsTimeout) 
 // before the peer sent their completions: nothing is unacknowledged on our
 // side, nothing completes, and nothing comes on the path. Set aside (its
 // chunks go again elsewhere) once the silence passes the no-ACK limit and
-// the stall suspectAfter(); never closed on this alone. Before that, or
-// while the peer's segments still arrive on the path, or once set aside: fine.
+// the stall suspectAfter(); never closed on this alone. Before that, while
+// the peer's segments still arrive on the path, once set aside, or for
+// control messages alone (later traffic confirms them, not a completion):
+// fine.
 TEST(PathHealth, CompletionsLostAfterTheBytesWereAcknowledgedSetThePathAside) {
   BusyPath p = labPath(0.13);
   p.inflight = 2;
@@ -306,6 +308,11 @@ TEST(PathHealth, CompletionsLostAfterTheBytesWereAcknowledgedSetThePathAside) {
   EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
   p = labPath(0.3);  // the peer's segments arrive on the path
   p.delivery = tcp(0, 0.02, 0.005);
+  EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
+  p = labPath(0.3);  // control messages only: confirmed by later traffic, not completed
+  p.inflight = 0;
+  p.control = 2;
+  p.delivery = tcp(0, 0.3, 0.005);
   EXPECT_EQ(judgeBusyPath(p).health, Health::kFine);
   p = labPath(0.3);  // stalled, but not past suspectAfter(): 8 chunk times at its rate
   p.throughput = 2.5e6;
