@@ -86,5 +86,10 @@ def test_torch_over_verbs_in_the_vm():
         pytest.fail("maestro_torch was built without the verbs transport although this test runs as root: "
                     "install libibverbs-dev and librdmacm-dev and rebuild (scripts/test.sh --full does)")
     env_python = sys.executable
-    p = harness("--timeout", "540", "--", env_python, "tests/softroce/torch_over_verbs.py", timeout=900)
+    # Liveness bounds, not speed: the run inside the VM takes about 3 minutes
+    # on an idle 2-core host, nearly all of it importing torch over the VM's
+    # shared filesystem, and that import alone took 523 s with both cores
+    # kept busy (scripts/flaky.sh --contention), past the 540 s this bound
+    # once was; the ranks' own work took 22 s there.
+    p = harness("--timeout", "1200", "--", env_python, "tests/softroce/torch_over_verbs.py", timeout=1500)
     assert p.returncode == 0 and "torch over verbs: PASS" in p.stdout
