@@ -265,11 +265,7 @@ def sec_collectives(rec, out):
 
 def spines_cells(d: dict) -> dict:
     """{(variant, bytes): busbw MB/s of each trial} of the spines experiment."""
-    cells = {}
-    for run in d["runs"]:
-        for r in run["rows"]:
-            cells.setdefault((r["variant"], r["bytes"]), []).append(r["busbw_GBps"] * 1e3)
-    return cells
+    return trial_cells(d["runs"], 1e3)
 
 
 def sec_spines(rec, out):
@@ -280,12 +276,7 @@ def sec_spines(rec, out):
     sizes = sorted({b for _, b in cells})
     med = {k: statistics.median(v) for k, v in cells.items()}
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for i, v in enumerate(variants):
-        ys = [med[(v, s)] for s in sizes]
-        xs = [s * 2 ** (0.12 * (i - 1)) for s in sizes]
-        ax.errorbar(xs, ys, yerr=[[y - min(cells[(v, s)]) for y, s in zip(ys, sizes)],
-                                  [max(cells[(v, s)]) - y for y, s in zip(ys, sizes)]],
-                    fmt="s--" if is_gloo(v) else "o-", capsize=3, label=v)
+    errorbar_trials(ax, cells, variants, sizes, 0.12, lambda v: "s--" if is_gloo(v) else "o-")
     ax.axhline(limit, color="red", ls=":", label="physical limit")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("bytes")
@@ -349,15 +340,31 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes / 1024:g} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
 
 
+def trial_cells(trials: list, scale: float) -> dict:
+    """{(variant, bytes): [busbw_GBps x scale, one per trial]} of interleaved sweep trials."""
+    cells = {}
+    for run in trials:
+        for r in run["rows"]:
+            cells.setdefault((r["variant"], r["bytes"]), []).append(r["busbw_GBps"] * scale)
+    return cells
+
+
+def errorbar_trials(ax, cells: dict, variants: list, sizes: list, step: float, fmt) -> None:
+    """Each variant's median over trials vs size, its min-max as error bars,
+    the variants' points a little aside so that they do not hide one another;
+    fmt(variant) is the line style."""
+    for i, v in enumerate(variants):
+        xs = [b * 2 ** (step * (i - (len(variants) - 1) / 2)) for b in sizes]
+        ys = [statistics.median(cells[(v, b)]) for b in sizes]
+        lo = [y - min(cells[(v, b)]) for y, b in zip(ys, sizes)]
+        hi = [max(cells[(v, b)]) - y for y, b in zip(ys, sizes)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt=fmt(v), capsize=3, label=v)
+
+
 def mid_size_cells(d: dict) -> dict:
     """{(collective, variant, bytes): [busbw as a fraction of the limit, one per trial]}."""
-    cells = {}
-    for coll, trials in d["runs"].items():
-        for run in trials:
-            for r in run["rows"]:
-                cells.setdefault((coll, r["variant"], r["bytes"]), []).append(
-                    r["busbw_GBps"] / d["physical_limit_GBps"])
-    return cells
+    return {(coll, v, b): xs for coll, trials in d["runs"].items()
+            for (v, b), xs in trial_cells(trials, 1 / d["physical_limit_GBps"]).items()}
 
 
 def sec_mid_size(rec, out):
@@ -376,12 +383,8 @@ def sec_mid_size(rec, out):
                         + [f"{med[v]:.2f} [{min(cells[(coll, v, b)]):.2f}-{max(cells[(coll, v, b)]):.2f}]"
                            for v in variants]
                         + [f"{med[p] / med[p + '@min_chunk_size=256K']:.2f}" for p in policies])
-        for i, v in enumerate(variants):
-            xs = [b * 2 ** (0.08 * (i - (len(variants) - 1) / 2)) for b in sizes]
-            ys = [statistics.median(cells[(coll, v, b)]) for b in sizes]
-            lo = [y - min(cells[(coll, v, b)]) for y, b in zip(ys, sizes)]
-            hi = [max(cells[(coll, v, b)]) - y for y, b in zip(ys, sizes)]
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o--" if "@" in v else "o-", capsize=3, label=v)
+        errorbar_trials(ax, {(v, b): xs for (c, v, b), xs in cells.items() if c == coll}, variants, sizes, 0.08,
+                        lambda v: "o--" if "@" in v else "o-")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [size_label(b) for b in sizes])
         ax.set_ylim(0, 1.05)

@@ -224,7 +224,7 @@ def check_routes(config: dict, addrs: list[str], peer: str, port: int, out: list
                            "MAESTRO_PROBE_TTL to the hop where the routes split"))
     else:
         auto = ""
-        if config.get("paths", "auto") in ("auto", "0") and len(found) > len(routed):
+        if config.get("paths", "auto") in ("auto", "0") and not config.get("weights") and len(found) > len(routed):
             # MAESTRO_PATHS=auto: one path per core hop where there are more
             # of them than vNICs (autoPathCount in the engine).
             config["_auto_paths"] = min(len(found), AUTO_PATHS_MAX)

@@ -197,21 +197,23 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     // The route survey: needed to decide discovery=auto, and to count the
     // core hops for paths=auto where discovery runs.
     const bool can_probe = kind == "tcp" && !one_host;
+    // MAESTRO_WEIGHTS names one weight per path: auto keeps one path per vNIC.
+    const bool count_spines = config.paths == 0 && config.weights.empty();
     RouteSurvey survey;
-    if (can_probe && (config.discovery == "auto" || (config.discovery == "ttl" && config.paths == 0)))
+    if (can_probe && (config.discovery == "auto" || (config.discovery == "ttl" && count_spines)))
       survey = surveyRoutes(config, mesh);
     if (config.discovery == "auto") {
       bool any = false;
-      for (const auto& v : allGather("routed", survey.routed ? "1" : "0")) any = any || v == "1";
+      for (const auto& v : allGather("routed", survey.routed() ? "1" : "0")) any = any || v == "1";
       mesh.discovery = any ? "ttl" : "off";
       if (kind != "tcp") mesh.discovery_why = "the verbs transport cannot probe routes";
       else if (one_host) mesh.discovery_why = "every rank is on this host";
       else if (any) mesh.discovery_why = "routers between the ranks answered probes";
       else mesh.discovery_why = survey.why;
     }
-    // MAESTRO_WEIGHTS names one weight per path: auto keeps one path per vNIC.
-    if (config.paths == 0 && !config.weights.empty()) mesh.paths_why = "auto: one per vNIC (MAESTRO_WEIGHTS gives one weight per path)";
-    if (config.paths == 0 && config.weights.empty() && mesh.discovery == "ttl" && can_probe) {
+    if (config.paths == 0 && !count_spines)
+      mesh.paths_why = "auto: one per vNIC (MAESTRO_WEIGHTS gives one weight per path)";
+    if (count_spines && mesh.discovery == "ttl" && can_probe) {
       std::vector<int> hops;
       for (const auto& v : allGather("core_hops", std::to_string(survey.core_hops))) hops.push_back(std::stoi(v));
       PathCount count = autoPathCount(vnic_paths, hops);
@@ -268,7 +270,7 @@ QpManager::RouteSurvey QpManager::surveyRoutes(const Config& config, const Mesh&
     auto it = surveys.find(key);
     if (it != surveys.end()) {
       survey = it->second;
-      if (!survey.routed) survey.why += " (probed by an earlier group of this process)";
+      if (!survey.routed()) survey.why += " (probed by an earlier group of this process)";
       return survey;
     }
   }
@@ -287,9 +289,8 @@ QpManager::RouteSurvey QpManager::surveyRoutes(const Config& config, const Mesh&
         Clock::now() >= until)
       break;
   }
-  survey.routed = !seen.empty();
   survey.core_hops = static_cast<int>(seen.size());
-  if (!survey.routed)
+  if (!survey.routed())
     survey.why = probe_why.empty() ? strcat("no router ", config.probe_ttl, " hops towards rank ", right) : probe_why;
   std::lock_guard<std::mutex> lock(surveys_mu);
   surveys.emplace(key, survey);

@@ -138,9 +138,9 @@ class QpManager {
   // does a router answer (discovery=auto: every rank's answer decides), and
   // how many distinct ones (the core hops, for paths=auto)?
   struct RouteSurvey {
-    bool routed = false;
-    int core_hops = 0;
-    std::string why;  // when not routed
+    int core_hops = 0;  // distinct routers that answered
+    std::string why;    // when none did
+    bool routed() const { return core_hops > 0; }
   };
   RouteSurvey surveyRoutes(const Config& config, const Mesh& mesh);
   void publishError(const std::string& message);
