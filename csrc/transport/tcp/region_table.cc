@@ -30,8 +30,12 @@ Region RegionTable::add(void* addr, size_t length) {
 }
 
 void RegionTable::waitForWriters(const Entry& entry, uint32_t id) {
-  // A write in progress usually finishes within one payload receive.
-  for (int i = 0; i < 1000 && entry.writers.load() > 0; ++i) std::this_thread::yield();
+  // A write in progress usually finishes within one payload receive: give
+  // it a moment. A moment of time, not a count of yields: on a busy host
+  // each yield can hand the core away for a whole time slice, and a thousand
+  // of them took seconds.
+  const auto until = std::chrono::steady_clock::now() + kWriterGrace;
+  while (entry.writers.load() > 0 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   if (entry.writers.load() == 0) return;
   // Not finishing: the sender stopped in the middle of the payload. Nobody
   // needs the rest (the region is being closed to the peers), so the path

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -85,6 +86,9 @@ class RegionTable {
 
  private:
   void waitForWriters(const Entry& entry, uint32_t id);
+  // How long conceal()/remove() let a write in progress finish before they
+  // take its grant away (the rest of its payload is then drained).
+  static constexpr std::chrono::microseconds kWriterGrace{1000};
   static constexpr size_t kRememberedKeys = 8;
   static constexpr size_t kRememberedRemovals = 256;
   bool removedWithKey(uint32_t id, uint64_t key) const;  // under mu_
