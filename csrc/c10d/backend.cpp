@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/thread.h"
+#include "multipath/metrics.h"
 
 namespace maestro {
 namespace c10d_glue {

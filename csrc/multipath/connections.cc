@@ -2,7 +2,7 @@
 // connects on first use -- on a thread of its own, or through the engine
 // that owns shared paths -- with what was sent meanwhile posted in order
 // once its paths are installed.
-#include "multipath/engine.h"
+#include "multipath/engine_core.h"
 
 #include <algorithm>
 #include <cstring>
@@ -16,7 +16,7 @@ namespace maestro {
 namespace multipath {
 using namespace detail;
 
-void Engine::install(int peer, const PeerPaths& paths) {
+void EngineCore::install(int peer, const PeerPaths& paths) {
   Peer& p = *peers_[peer];
   {
     std::lock_guard<std::mutex> lock(p.mu);
@@ -26,7 +26,7 @@ void Engine::install(int peer, const PeerPaths& paths) {
   mux_->pairUp(peer);  // groups on channels that asked for it
 }
 
-void Engine::installLocked(Peer& p, const PeerPaths& paths) {
+void EngineCore::installLocked(Peer& p, const PeerPaths& paths) {
   const int peer = p.rank;
   {
     const auto now = Clock::now();
@@ -64,21 +64,21 @@ void Engine::installLocked(Peer& p, const PeerPaths& paths) {
   }
 }
 
-void Engine::connect(int peer) {
+void EngineCore::connect(int peer) {
   MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   connectLocked(p);
 }
 
-void Engine::activate(Peer& p) {
+void EngineCore::activate(Peer& p) {
   if (p.link != Peer::Link::kNone) return;
   p.link = Peer::Link::kConnecting;
   std::lock_guard<std::mutex> lock(active_mu_);
   active_.push_back(p.rank);
 }
 
-void Engine::connectLocked(Peer& p) {
+void EngineCore::connectLocked(Peer& p) {
   if (p.link != Peer::Link::kNone || p.unreachable || stopping_) return;
   activate(p);
   if (owner_) {  // on shared paths: the owner connects the pair (onPairUp)
@@ -98,7 +98,7 @@ void Engine::connectLocked(Peer& p) {
                          finished});
 }
 
-void Engine::connectInBackground(int peer) {
+void EngineCore::connectInBackground(int peer) {
   setLogRank(rank_);
   const auto started = Clock::now();
   try {
@@ -122,7 +122,7 @@ void Engine::connectInBackground(int peer) {
   }
 }
 
-void Engine::reapConnecting(bool all) {
+void EngineCore::reapConnecting(bool all) {
   std::vector<std::thread> done;
   {
     std::lock_guard<std::mutex> lock(connecting_mu_);
@@ -138,13 +138,13 @@ void Engine::reapConnecting(bool all) {
   for (auto& t : done) t.join();
 }
 
-bool Engine::connected(int peer) {
+bool EngineCore::connected(int peer) {
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   return p.link == Peer::Link::kUp;
 }
 
-bool Engine::awaitQueued(uint64_t seq, Deadline deadline) {
+bool EngineCore::awaitQueued(uint64_t seq, Deadline deadline) {
   auto queued = [&] {
     for (int peer : activePeers()) {
       Peer& p = *peers_[peer];
@@ -161,7 +161,7 @@ bool Engine::awaitQueued(uint64_t seq, Deadline deadline) {
   return waitUntil([&] { return !queued(); }, deadline);
 }
 
-std::vector<int> Engine::activePeers() const {
+std::vector<int> EngineCore::activePeers() const {
   std::lock_guard<std::mutex> lock(active_mu_);
   return active_;
 }

@@ -1,4 +1,5 @@
-// The multipath engine of one process group: the paper's multi-path
+// The multipath engine of one process group (this header is its facade;
+// the implementation is EngineCore, engine_core.h): the paper's multi-path
 // transport (§4.2-4.4) on top of any transport.
 //
 //   write()   Decomposer: cuts a message into chunks; the load balancer
@@ -34,115 +35,29 @@
 // wakes on every completion, arrival, control message and error.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <string>
-#include <thread>
-#include <tuple>
-#include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/rendezvous.h"
-#include "multipath/channel_mux.h"
-#include "multipath/hunter.h"
-#include "multipath/metrics.h"
-#include "multipath/qp_manager.h"
+#include "multipath/control.h"
+#include "multipath/path_stats.h"
 #include "multipath/reassembler.h"
-#include "multipath/scheduler.h"
+#include "multipath/transfer.h"
 #include "transport/transport.h"
 
 namespace maestro {
 namespace multipath {
 
-enum class ControlType : uint8_t {
-  kDesc = 1, kCredit = 2, kAbort = 3, kBarrier = 4, kPing = 5, kPong = 6, kBye = 7,
-  kPathDown = 8,  // "your path <sub> to me is dead": verified by a probe, then closed (its opener reconnects)
-  // Point to point (collectives/p2p.h); seq is the sender's message number
-  // towards this receiver, not an operation.
-  kP2PReady = 9,   // sender -> receiver: message <seq> with user tag <sub> and its size is waiting
-  kP2PGrant = 10,  // receiver -> sender: write message <seq> here, on these engine tags (or: refused)
-  kP2PDone = 11,   // sender -> receiver: message <seq>'s writes are over (or: it was cancelled)
-  // Path hunting (multipath/hunter.h); sub is the transport path id.
-  kHunt = 12,       // opener -> acceptor: path <sub> is being re-opened on another route (drain it)
-  kHuntAsk = 13,    // acceptor -> opener: path <sub> is slow towards you: offer me source ports
-  kHuntOffer = 14,  // opener -> acceptor: candidate source ports (uint16 each), reserved for a while
-  kHuntPick = 15,   // acceptor -> opener: re-open from this port (uint16; 0: none goes elsewhere)
-  // "I took back my writes on path <sub> up to mark <seq> and send them again
-  // elsewhere: drop the rest of them" (Transport::withdrawWrites()).
-  kFence = 16,
-};
+class EngineCore;
 
-// A point-to-point control message as it arrived.
-struct P2PMessage {
-  int peer = -1;
-  ControlType type = ControlType::kP2PReady;
-  uint64_t seq = 0;
-  uint32_t sub = 0;
-  std::vector<uint8_t> body;
-};
-
-struct ControlKey {
-  ControlType type;
-  uint64_t seq;
-  uint32_t sub;
-  bool operator<(const ControlKey& o) const {
-    return std::tie(type, seq, sub) < std::tie(o.type, o.seq, o.sub);
-  }
-};
-
-struct PathStats {
-  int peer = -1;
-  int path = -1;
-  std::string state;        // up | suspect | down
-  std::string description;  // local -> remote addresses
-  std::string last_error;
-  std::string route;        // core hop found by discovery ("" if not probed)
-  uint64_t reconnects = 0;
-  uint64_t hunts = 0;       // re-opened on another route by path hunting
-  uint64_t bytes_sent = 0, bytes_received = 0;
-  uint64_t chunks_sent = 0, chunks_received = 0;
-  uint64_t errors = 0, resent = 0;
-  double throughput = 0;       // bytes/s while busy (EWMA)
-  double completion_time = 0;  // seconds per chunk, post to ACK (EWMA)
-  double rtt = 0;              // probe round trip, seconds (EWMA)
-  // The NIC's congestion and loss counters (verbs: CNPs, ECN marks,
-  // retransmissions), device-wide; empty where the device exposes none.
-  std::map<std::string, uint64_t> nic_counters;
-  // The path's own connection (TCP: TCP_INFO's bytes sent and retransmitted,
-  // since the current connection opened) and its congestion control.
-  std::string congestion;
-  std::map<std::string, uint64_t> path_counters;
-  // Share of the bytes sent that the transport retransmitted; -1 if unknown.
-  double retransmitted() const;
-};
-
-class SendOp;
-struct ChunkDesc;
-struct BusyPath;
-
-class RecvOp {
- public:
-  bool done() const { return done_.load(std::memory_order_acquire); }
-  uint64_t length() const { return length_; }
-
- private:
-  friend class Engine;
-  int peer_ = -1;
-  uint32_t tag_ = 0;
-  uint64_t length_ = 0;
-  std::atomic<bool> done_{false};
-  int hooks_running_ = 0;  // chunk hooks in progress (peer.mu)
-};
-
-class Engine : public ChannelSink {
+class Engine {
  public:
   // The group a new one is a subgroup of: its rank r is that group's rank
   // ranks[r]. Empty: none (the default group, or one on paths of its own).
@@ -161,29 +76,28 @@ class Engine : public ChannelSink {
          Deadline setup_deadline, const std::string& rendezvous_host = "", Parent parent = {});
   // The same, keeping the store for as long as the engine lives.
   Engine(const std::map<std::string, std::string>& overrides, std::shared_ptr<Rendezvous> store, int rank, int size,
-         Deadline setup_deadline, const std::string& rendezvous_host = "", Parent parent = {})
-      : Engine(overrides, *store, rank, size, setup_deadline, rendezvous_host, std::move(parent)) {
-    store_owner_ = std::move(store);
-  }
-  ~Engine() override;
+         Deadline setup_deadline, const std::string& rendezvous_host = "", Parent parent = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   // The group's store (what its pairs connect through).
-  Rendezvous& rendezvous() const { return qp_->store(); }
-  const Config& config() const { return config_; }
-  int paths() const { return mesh_.paths; }
-  const std::string& transportName() const { return mesh_.transport_kind; }
-  transport::Transport& transport() { return *mesh_.transport; }
+  Rendezvous& rendezvous() const;
+  const Config& config() const;
+  int paths() const;
+  const std::string& transportName() const;
+  transport::Transport& transport();
   // This group sends on paths another group opened (shared paths): its
   // channel on them; 0 where the paths are its own.
-  uint32_t channel() const { return channel_; }
+  uint32_t channel() const;
 
   // ---- memory ----
-  Region registerMemory(void* addr, size_t length) { return mesh_.transport->registerMemory(addr, length); }
-  void deregisterMemory(const Region& r) { mesh_.transport->deregisterMemory(r); }
-  uint64_t expose(const Region& r) { return mesh_.transport->expose(r); }
-  void conceal(const Region& r) { mesh_.transport->conceal(r); }
+  Region registerMemory(void* addr, size_t length);
+  void deregisterMemory(const Region& r);
+  uint64_t expose(const Region& r);
+  void conceal(const Region& r);
   // An engine-owned registered buffer of at least `bytes` (grown on demand;
   // the returned region stays valid until the next call with the same slot).
   Region buffer(int slot, size_t bytes);
@@ -259,9 +173,9 @@ class Engine : public ChannelSink {
   std::vector<int> activePeers() const;
 
   // ---- progress ----
-  uint64_t eventCount() const { return events_.load(); }
+  uint64_t eventCount() const;
   // Wake every waitEvent() (new work was posted from outside the engine).
-  void wake() { notify(); }
+  void wake();
   // Sleep until something happens after `seen` (false at the deadline).
   bool waitEvent(uint64_t seen, Deadline deadline);
   // Sleep until done() holds, looked at after every event (false at the
@@ -281,224 +195,16 @@ class Engine : public ChannelSink {
   std::string pathTable() const;  // human readable, for MAESTRO_DEBUG=INFO
   std::string describeSetup() const;
 
-  // CompletionSink
-  void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) override;
-  void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override;
-  void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
-  void onPathError(int peer, int path, const std::string& what) override;
-  void onPathUp(int peer, int path) override;
-  void onWriteWithdrawn(int peer, int path, uint64_t wr_id) override;
-  // ChannelSink
-  void onPairUp(int peer) override;
-  void onPairFailed(int peer, const std::string& why) override;
-  void onPathMoving(int peer, int path, bool moving, const std::string& route) override;
-  int inflightOn(int peer, int path) override;
+  // As the transport would deliver them (tests and fuzzers feed the engine
+  // through these).
+  void onMessage(int peer, int path, const uint8_t* data, size_t length);
+  int inflightOn(int peer, int path);
 
  private:
-  struct PathSlot;
-  struct Peer;
-
-  void notify();
-  void pump(Peer& peer, int path, bool pull = true);  // peer.mu held: fill one path's window
-  void pumpAll(Peer& peer);                            // peer.mu held: every path, shared chunks spread
-  void post(Peer& peer, int path, ChunkDesc* c);       // peer.mu held
-  void enqueue(Peer& peer, ChunkDesc* chunk);      // peer.mu held
-  std::vector<PathView> views(const Peer& peer) const;  // peer.mu held
-  void failSends(Peer& peer, const std::string& why);    // peer.mu held
-  void markUnreachable(Peer& peer, const std::string& why);  // peer.mu held
-  int controlPath(const Peer& peer) const;         // peer.mu held
-  static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
-  void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
-  void doubt(Peer& peer, int slot, const std::string& why);        // peer.mu held: set aside and probed
-  void requeue(Peer& peer, PathSlot& slot);  // peer.mu held: what waits on the path moves to its siblings
-  void fence(Peer& peer, int slot);          // peer.mu held: what is in flight on it moves too, if it can
-  void sendFence(Peer& peer, const PathSlot& via, const PathSlot& fenced);  // peer.mu held
-  double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
-  void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
-  void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held
-  void monitorLoop();
-  bool monitorTick();  // one look at every active peer's paths; true: chunks are in flight
-  // resumed: this process was stopped since the last look (monitorTick).
-  bool monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed);
-  BusyPath busyPath(const Peer& peer, const PathSlot& slot, Clock::time_point now) const;  // peer.mu held
-  void reconnectLoop();
-  void reconnectPath(int peer, int transport_path, Clock::time_point until);
-  // Path hunting, on the reconnect thread (probes and connects block).
-  struct HuntJob {
-    enum Kind { kSlow, kAsked, kOffered, kPicked } kind;
-    int peer, id;                 // transport path id
-    std::vector<uint16_t> ports;  // kOffered: the opener's candidates; kPicked: the one chosen
-  };
-  void queueHunt(HuntJob job);
-  void runHunt(const HuntJob& job);
-  // Whether path `id` to `peer` is being re-opened, or was less than
-  // hunt_interval ago: another hunter's verdict on it is then not acted on.
-  bool movedLately(int peer, int id);
-  // The opener: drain path `id`, re-open it from `port` (0: any new one).
-  void reopenPath(int peer, int id, uint16_t port, const std::string& route);
-  // Probe each candidate's route: ours towards the peer (the opener's
-  // direction) or the peer's port towards our listener (the acceptor's).
-  std::vector<std::string> probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener);
-  // The core hops of the peer's other paths, and (own_too) of this one.
-  std::vector<std::string> otherRoutes(int peer, int id, bool own_too = true);
-  std::vector<uint16_t> reservePorts(int peer, int id);
-  // Give back the reserved `ports`, except those in `keep`.
-  void releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep = {});
-  struct SentControl;
-  void postControl(Peer& peer, std::vector<uint8_t> msg, bool reliable);  // peer.mu held
-  // Send abort `seq` (first raised by rank `origin`) to every active peer
-  // but `from`.
-  void relayAbort(uint64_t seq, uint32_t origin, const std::string& reason, int from);
-  void activate(Peer& peer);                               // peer.mu held: kNone -> kConnecting, in activePeers()
-  void connectLocked(Peer& peer);                          // peer.mu held: connect() (no-op once started)
-  void install(int peer, const PeerPaths& paths);          // the pair is connected: its paths carry traffic
-  void installLocked(Peer& p, const PeerPaths& paths);     // peer.mu held
-  // Set-up on the parent's paths, if every rank of the group can; false:
-  // the group opens its own.
-  bool shareWith(Parent parent, Deadline setup_deadline);
-  void joinChannel(Deadline setup_deadline);  // shareWith, once attached: start-up pairs
-  // Once the mesh is known (the transport, the path count, discovery): the
-  // knobs' auto values, the hunter and every peer's state. Both ways of
-  // making an engine (owner, shareWith) end their set-up here.
-  void settle();
-  // How messages to and from `peer` are cut (both sides agree): a peer on
-  // this host and network namespace gets no mid-size spread, since its
-  // paths share one memory bus and smaller chunks only cost more work.
-  Chunking chunkingFor(int peer) const;
-  // Shared paths, the owner's side: the pair towards transport peer
-  // `peer` as a group on a channel should install it (false: not connected).
-  bool pairPaths(int peer, PeerPaths* out);
-  // A group on a channel needs the pair to `peer` (the owner's rank): the
-  // owner connects it (on its reconnect thread) and tells the channels.
-  void requestPair(int peer);
-  void servePairRequests();  // the reconnect thread
-  void connectInBackground(int peer);                      // a connecting thread's body
-  void reapConnecting(bool all);                           // join connecting threads that finished (all: every one)
-
+  friend class EngineCore;
   const int rank_;
   const int size_;
-  Config config_;
-  std::shared_ptr<Rendezvous> store_owner_;  // may be null: the caller keeps the store
-  // The paths' demultiplexer (the owner's). A group on shared paths keeps
-  // the owning engine alive, and its channel there; ranks_[r] is the
-  // owner's rank of its rank r.
-  std::shared_ptr<ChannelMux> mux_;
-  std::shared_ptr<Engine> owner_;
-  uint32_t channel_ = 0;
-  std::vector<int> ranks_;
-  std::unique_ptr<QpManager> qp_;
-  Mesh mesh_;
-  std::vector<std::unique_ptr<Peer>> peers_;
-  // How long a pair connected on demand waits for its peer: the group's
-  // timeout, as the set-up had.
-  Clock::duration connect_wait_{};
-  mutable std::mutex active_mu_;
-  std::vector<int> active_;  // activePeers()
-  struct Connecting {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> finished;
-  };
-  std::mutex connecting_mu_;
-  std::vector<Connecting> connecting_;  // one thread per pair being connected on demand
-
-  std::atomic<uint64_t> events_{0};
-  std::atomic<int> waiters_{0};
-  std::mutex event_mu_;
-  std::condition_variable event_cv_;
-
-  mutable std::mutex abort_mu_;
-  std::map<uint64_t, std::string> aborts_;
-  std::string interrupted_;  // abort_mu_; "" while not interrupted
-  uint64_t failure_seq_ = 0;  // abort_mu_; noteFailure()'s, sent with the goodbye
-  std::string failure_;
-  std::atomic<uint64_t> retired_{0};
-
-  struct Buffer {
-    Region region;
-    void* memory = nullptr;
-    size_t wanted = 0;  // the most any operation asked of it since the last trim
-  };
-  mutable std::mutex buffers_mu_;
-  std::map<int, Buffer> buffers_;
-  uint64_t ops_since_trim_ = 0;
-  // After every kTrimEvery operations: a buffer more than 4x (and 1 MiB)
-  // larger than any of them needed is freed (one large all_gather does not
-  // keep its size pinned for the life of the group).
-  void trimBuffers();
-  void freeBuffer(const Buffer& b);
-
-  std::mutex p2p_mu_;
-  std::deque<P2PMessage> p2p_inbox_;
-  std::vector<size_t> p2p_waiting_;  // per peer, in p2p_inbox_
-
-  std::mutex samples_mu_;
-  std::vector<double> chunk_samples_;  // ring buffer of chunk completion times
-  size_t chunk_sample_next_ = 0;
-  std::atomic<uint32_t> current_epoch_{0};
-  std::atomic<bool> stopping_{false};
-  std::mutex monitor_mu_;
-  std::condition_variable monitor_cv_;
-  std::vector<std::pair<int, int>> down_notices_;  // (peer, transport path) to report, monitor_mu_
-  std::thread monitor_;
-  Clock::time_point last_probe_ = Clock::now();  // the monitor's last probe round
-  Clock::time_point last_look_{};                // the monitor's last tick
-  std::unique_ptr<MetricsFile> metrics_;  // MAESTRO_METRICS: the monitor's thread only, then the destructor
-  // Groups on this engine's paths (shared paths): its monitor thread ticks
-  // theirs too, so a subgroup costs no monitor thread of its own.
-  std::mutex channels_mu_;
-  std::vector<Engine*> channels_;
-  std::mutex reconnect_mu_;
-  std::condition_variable reconnect_cv_;
-  std::set<std::pair<int, int>> reconnect_wanted_;  // (peer, transport path) to reopen, reconnect_mu_
-  std::set<int> pair_requests_;                       // peers groups on channels asked for, reconnect_mu_
-  std::deque<HuntJob> hunt_jobs_;                     // reconnect_mu_
-  // The opener's ports offered to an acceptor, by (peer, transport path),
-  // with when (released if no pick comes). Reconnect thread only.
-  struct Offer {
-    std::vector<uint16_t> ports;
-    std::map<uint16_t, std::string> route;  // our direction's core hop of each
-    Clock::time_point at;
-  };
-  std::map<std::pair<int, int>, Offer> offers_;
-  Hunter hunter_;
-  std::thread reconnector_;
-};
-
-// The Decomposer's unit of work: one chunk of one message (paper Table 1:
-// WR id, VP id, message id, chunk id).
-struct ChunkDesc {
-  SendOp* op = nullptr;
-  uint32_t index = 0;   // chunk id
-  int path = -1;        // virtual path it is posted to
-  uint32_t generation = 0;  // which connection of that path
-  uint64_t offset = 0;  // within the message
-  uint64_t length = 0;
-  int attempts = 0;
-  Clock::time_point posted{};
-};
-
-class SendOp {
- public:
-  bool done() const { return done_.load(std::memory_order_acquire); }
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  const std::string& error() const { return error_; }  // valid once failed()
-  uint64_t length() const { return length_; }
-
- private:
-  friend class Engine;
-  int peer_ = -1;
-  uint32_t tag_ = 0;
-  uint64_t length_ = 0;
-  Region src_;
-  const uint8_t* src_addr_ = nullptr;
-  RemoteRegion dst_;
-  uint64_t dst_offset_ = 0;
-  std::vector<ChunkDesc> chunks_;
-  uint32_t remaining_ = 0;    // chunks not yet landed (peer.mu)
-  uint32_t outstanding_ = 0;  // chunks posted and not yet completed (peer.mu)
-  std::string error_;
-  std::atomic<bool> done_{false};
-  std::atomic<bool> failed_{false};
+  std::shared_ptr<EngineCore> core_;
 };
 
 }  // namespace multipath

@@ -1,8 +1,7 @@
 // The engine's per-peer and per-path state, shared by the files that
-// implement Engine: engine.cc (sending, receiving, control, failover),
-// monitor.cc (the path monitor), hunting.cc (path hunting), connections.cc
-// (pairs connected at start-up or on first use) and shared_paths.cc
-// (subgroups on their parent's paths). Internal: no other file includes it.
+// implement EngineCore (engine_core.h): engine.cc, sender.cc, receiver.cc,
+// control.cc, failover.cc, monitor.cc, hunting.cc, connections.cc,
+// shared_paths.cc and path_stats.cc. Internal: no other file includes it.
 #pragma once
 
 #include <chrono>
@@ -15,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "multipath/engine.h"
+#include "multipath/engine_core.h"
 #include "multipath/path_health.h"
 #include "multipath/rate_estimate.h"
 #include "multipath/reassembler.h"
@@ -43,7 +42,7 @@ inline double seconds(Clock::duration d) { return std::chrono::duration<double>(
 
 }  // namespace detail
 
-struct Engine::SentControl {
+struct EngineCore::SentControl {
   Clock::time_point at;
   std::vector<uint8_t> msg;
 };
@@ -63,7 +62,7 @@ constexpr uint64_t kMaxOpsAhead = 1u << 16;
 constexpr size_t kMaxInbox = 1u << 16;
 }  // namespace detail
 
-struct Engine::PathSlot {
+struct EngineCore::PathSlot {
   int id = -1;             // the transport's path id
   bool initiated = false;  // this rank opened it, and reopens it after a failure
   bool up = false;
@@ -114,7 +113,7 @@ struct Engine::PathSlot {
   }
 };
 
-struct Engine::Peer {
+struct EngineCore::Peer {
   Peer(int rank, const Config& config, const Chunking& chunking)
       : rank(rank), lately(heardLately(config.probe_interval)), scheduler(makeScheduler(config)),
         reassembler(chunking) {}

@@ -4,9 +4,10 @@
 // TTL-limited probes on the candidate ports' own 5-tuples; the opener picks,
 // the acceptor offers ports, what waits on the old connection moves to the
 // siblings and the new one replaces it.
-#include "multipath/engine.h"
+#include "multipath/engine_core.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -19,14 +20,14 @@ namespace maestro {
 namespace multipath {
 using namespace detail;
 
-void Engine::queueHunt(HuntJob job) {
+void EngineCore::queueHunt(HuntJob job) {
   std::lock_guard<std::mutex> lock(reconnect_mu_);
   if (hunt_jobs_.size() >= 4 * static_cast<size_t>(size_) * mesh_.paths) return;  // a peer flooding asks
   hunt_jobs_.push_back(std::move(job));
   reconnect_cv_.notify_all();
 }
 
-std::vector<std::string> Engine::otherRoutes(int peer, int id, bool own_too) {
+std::vector<std::string> EngineCore::otherRoutes(int peer, int id, bool own_too) {
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   std::vector<std::string> hops;
@@ -39,7 +40,7 @@ std::vector<std::string> Engine::otherRoutes(int peer, int id, bool own_too) {
   return hops;
 }
 
-std::vector<uint16_t> Engine::reservePorts(int peer, int id) {
+std::vector<uint16_t> EngineCore::reservePorts(int peer, int id) {
   std::vector<uint16_t> ports;
   const std::string& addr = mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()];
   for (int c = 0; c < config_.candidates; ++c) {
@@ -50,13 +51,13 @@ std::vector<uint16_t> Engine::reservePorts(int peer, int id) {
   return ports;
 }
 
-void Engine::releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep) {
+void EngineCore::releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep) {
   const std::string& addr = mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()];
   for (uint16_t port : ports)
     if (std::find(keep.begin(), keep.end(), port) == keep.end()) mesh_.transport->releasePort(addr, port);
 }
 
-std::vector<std::string> Engine::probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener) {
+std::vector<std::string> EngineCore::probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener) {
   std::vector<transport::RouteProbe> probes;
   const std::vector<std::string>& listeners = mesh_.endpoints[opener ? peer : rank_];
   const std::string& listener = listeners[id % listeners.size()];
@@ -74,7 +75,7 @@ std::vector<std::string> Engine::probeCandidates(int peer, int id, const std::ve
   return hops;
 }
 
-bool Engine::movedLately(int peer, int id) {
+bool EngineCore::movedLately(int peer, int id) {
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   const int slot = slotOf(p, id);
@@ -83,7 +84,7 @@ bool Engine::movedLately(int peer, int id) {
   return h.active || (h.hunts > 0 && seconds(Clock::now() - h.reopened) < config_.hunt_interval);
 }
 
-void Engine::runHunt(const HuntJob& job) {
+void EngineCore::runHunt(const HuntJob& job) {
   const int peer = job.peer, id = job.id;
   const bool predict = config_.discovery == "ttl";
   // Each hunter keeps its own pace (hunter.h), and the two ends of a path,
@@ -188,7 +189,7 @@ void Engine::runHunt(const HuntJob& job) {
   }
 }
 
-void Engine::reopenPath(int peer, int id, uint16_t port, const std::string& route) {
+void EngineCore::reopenPath(int peer, int id, uint16_t port, const std::string& route) {
   Peer& p = *peers_[peer];
   {
     std::lock_guard<std::mutex> lock(p.mu);
@@ -255,6 +256,60 @@ void Engine::reopenPath(int peer, int id, uint16_t port, const std::string& rout
     }
   }
   if (!moved) mux_->pathMoving(peer, id, false, "");
+}
+
+// ---------------------------------------------------------------- hunting messages
+
+void EngineCore::registerHuntingControl() {
+  registerControl(ControlType::kHunt, &EngineCore::onHuntNotice);
+  registerControl(ControlType::kHuntAsk, &EngineCore::onHuntMessage);
+  registerControl(ControlType::kHuntOffer, &EngineCore::onHuntMessage);
+  registerControl(ControlType::kHuntPick, &EngineCore::onHuntMessage);
+}
+
+// The opener re-opens this path on another route: what waits on it moves
+// now, and its old connection's close is no failure. Only the paths' owners
+// hunt (a group on shared paths hears of it through onPathMoving): on a
+// channel this is out of place.
+bool EngineCore::onHuntNotice(Peer& p, const ControlIn& m) {
+  if (owner_) return false;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    int slot_index = slotOf(p, static_cast<int>(m.sub));
+    if (slot_index < 0 || p.paths[slot_index].initiated || !p.paths[slot_index].up) return false;
+    PathSlot& slot = p.paths[slot_index];
+    slot.hunt.active = true;
+    slot.hunt.since = Clock::now();
+    requeue(p, slot);
+  }
+  mux_->pathMoving(m.peer, static_cast<int>(m.sub), true, "");  // the groups on it drain it too
+  return true;
+}
+
+// An ask, an offer or a pick: validated here, acted on by the reconnect
+// thread (probes block). Anything out of place is ignored: hunting is an
+// optimisation, run by the paths' owner (never on a channel of shared paths).
+bool EngineCore::onHuntMessage(Peer& p, const ControlIn& m) {
+  if (owner_) return false;
+  HuntJob job{m.type == ControlType::kHuntAsk     ? HuntJob::kAsked
+              : m.type == ControlType::kHuntOffer ? HuntJob::kOffered
+                                                  : HuntJob::kPicked,
+              m.peer, static_cast<int>(m.sub), {}};
+  if (m.length % 2 != 0 || m.length > 2 * 64 || (m.type == ControlType::kHuntPick && m.length != 2)) return false;
+  for (size_t i = 0; i < m.length; i += 2) {
+    uint16_t port;
+    std::memcpy(&port, m.body + i, 2);
+    job.ports.push_back(port);
+  }
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    int slot_index = slotOf(p, job.id);
+    // Asks and picks go to the opener, offers to the acceptor.
+    if (!hunter_.enabled() || slot_index < 0 || p.paths[slot_index].initiated != (m.type != ControlType::kHuntOffer))
+      return false;
+  }
+  queueHunt(std::move(job));
+  return false;
 }
 
 }  // namespace multipath

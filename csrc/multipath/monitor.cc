@@ -3,7 +3,7 @@
 // unanswered while the peer answers elsewhere, is closed; idle paths are
 // probed for their RTT; hunting is fed its samples -- and a thread of its
 // own reconnects the paths that are down, all of them in parallel.
-#include "multipath/engine.h"
+#include "multipath/engine_core.h"
 
 #include <algorithm>
 #include <set>
@@ -19,7 +19,7 @@ namespace maestro {
 namespace multipath {
 using namespace detail;
 
-void Engine::monitorLoop() {
+void EngineCore::monitorLoop() {
   setLogRank(rank_);
   // While chunks are in flight the monitor looks often enough to close a
   // dead path within a few of its chunk times (path_health.h); idle, at
@@ -37,11 +37,11 @@ void Engine::monitorLoop() {
     busy = monitorTick();
     // The groups on these paths, on the same thread and tick.
     std::lock_guard<std::mutex> lock(channels_mu_);
-    for (Engine* channel : channels_) busy = channel->monitorTick() || busy;
+    for (EngineCore* channel : channels_) busy = channel->monitorTick() || busy;
   }
 }
 
-bool Engine::monitorTick() {
+bool EngineCore::monitorTick() {
   std::vector<std::pair<int, int>> notices;
   {
     std::lock_guard<std::mutex> lock(monitor_mu_);
@@ -78,7 +78,7 @@ bool Engine::monitorTick() {
   return busy;
 }
 
-bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed) {
+bool EngineCore::monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed) {
   Peer& p = *peers_[peer];
   std::vector<std::pair<int, std::string>> to_close;  // transport ids
   std::vector<int> to_ping, to_reconnect, to_hunt;
@@ -238,7 +238,7 @@ bool Engine::monitorPeer(int peer, Clock::time_point now, bool probe, bool resum
   return busy_paths;
 }
 
-void Engine::reconnectLoop() {
+void EngineCore::reconnectLoop() {
   // Apart from the monitor: a connect towards a blackhole takes its whole
   // deadline, and the monitor must keep its cadence meanwhile. The paths
   // wanted at one time are tried in parallel, so six dead paths cost one
@@ -285,7 +285,7 @@ void Engine::reconnectLoop() {
   }
 }
 
-void Engine::reconnectPath(int peer, int id, Clock::time_point until) {
+void EngineCore::reconnectPath(int peer, int id, Clock::time_point until) {
   setLogRank(rank_);
   {
     // Asked for while it was down; up again since (a hunt re-opened it
@@ -308,6 +308,24 @@ void Engine::reconnectPath(int peer, int id, Clock::time_point until) {
   std::lock_guard<std::mutex> lock(p.mu);
   int slot = slotOf(p, id);
   if (slot >= 0) p.paths[slot].description = desc;
+}
+
+BusyPath EngineCore::busyPath(const Peer& p, const PathSlot& s, Clock::time_point now) const {
+  BusyPath b;
+  b.inflight = s.inflight + s.fenced;
+  b.control = static_cast<int>(s.unconfirmed.size());
+  // Held since: the last completion (or the post that made it busy); with
+  // no chunk, its oldest control message not known to have arrived.
+  const Clock::time_point since = std::max(
+      p.back_at, b.inflight > 0 ? s.last_progress : (s.unconfirmed.empty() ? now : s.unconfirmed.front().at));
+  b.stalled = seconds(now - since);
+  b.chunk_bytes = static_cast<double>(config_.chunk_size);
+  b.throughput = s.rate.value();
+  b.rtt = s.rtt;
+  b.heard_since = p.last_heard > since && seconds(now - p.last_heard) <= p.lately;
+  b.doubted = s.doubted;
+  b.path_timeout = config_.path_timeout;
+  return b;
 }
 
 }  // namespace multipath

@@ -3,7 +3,7 @@
 // paths, on a channel free on all of them, taking the parent's path knobs
 // where it sets none; its pairs are connected by the engine that owns the
 // paths, which tells the channels when each is up.
-#include "multipath/engine.h"
+#include "multipath/engine_core.h"
 
 #include <algorithm>
 #include <set>
@@ -52,11 +52,11 @@ std::string adoptPathKnobs(const Config& theirs, const Mesh& their_mesh, Config*
 
 }  // namespace
 
-bool Engine::shareWith(Parent parent, Deadline setup_deadline) {
+bool EngineCore::shareWith(Parent parent, Deadline setup_deadline) {
   // The default group itself (every rank of it has no parent).
   if (parent.ranks.empty() || !config_.share_paths) return false;
   // The engine that owns the paths, and each rank's rank there.
-  std::shared_ptr<Engine> root = parent.engine;
+  std::shared_ptr<EngineCore> root = parent.engine ? parent.engine->core_ : nullptr;
   std::vector<int> ranks = parent.ranks;
   if (root && root->owner_) {
     for (int& r : ranks) r = (r >= 0 && r < root->size_) ? root->ranks_[r] : -1;
@@ -124,7 +124,7 @@ bool Engine::shareWith(Parent parent, Deadline setup_deadline) {
   return true;
 }
 
-void Engine::joinChannel(Deadline setup_deadline) {
+void EngineCore::joinChannel(Deadline setup_deadline) {
   // Nobody sends on the channel before every rank listens on it.
   qp_->allGather("share.attached", "1");
   for (const RankPair& pair : QpManager::startUpPairs(size_, config_.connect == "eager")) {
@@ -145,7 +145,7 @@ void Engine::joinChannel(Deadline setup_deadline) {
     MAESTRO_WARN("some start-up pairs of this group are not connected by its deadline");
 }
 
-bool Engine::pairPaths(int peer, PeerPaths* out) {
+bool EngineCore::pairPaths(int peer, PeerPaths* out) {
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.link != Peer::Link::kUp) return false;
@@ -159,13 +159,13 @@ bool Engine::pairPaths(int peer, PeerPaths* out) {
   return true;
 }
 
-void Engine::requestPair(int peer) {
+void EngineCore::requestPair(int peer) {
   std::lock_guard<std::mutex> lock(reconnect_mu_);
   pair_requests_.insert(peer);
   reconnect_cv_.notify_all();
 }
 
-void Engine::servePairRequests() {
+void EngineCore::servePairRequests() {
   std::set<int> asked;
   {
     std::lock_guard<std::mutex> lock(reconnect_mu_);
@@ -188,7 +188,7 @@ void Engine::servePairRequests() {
   }
 }
 
-void Engine::onPairUp(int peer) {
+void EngineCore::onPairUp(int peer) {
   PeerPaths paths;
   if (!owner_ || !owner_->pairPaths(ranks_[peer], &paths)) return;
   Peer& p = *peers_[peer];
@@ -209,7 +209,7 @@ void Engine::onPairUp(int peer) {
   }
 }
 
-void Engine::onPathMoving(int peer, int transport_path, bool moving, const std::string& route) {
+void EngineCore::onPathMoving(int peer, int transport_path, bool moving, const std::string& route) {
   Peer& p = *peers_[peer];
   {
     std::lock_guard<std::mutex> lock(p.mu);
@@ -230,14 +230,14 @@ void Engine::onPathMoving(int peer, int transport_path, bool moving, const std::
   notify();
 }
 
-int Engine::inflightOn(int peer, int transport_path) {
+int EngineCore::inflightOn(int peer, int transport_path) {
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   const int slot_index = slotOf(p, transport_path);
   return slot_index < 0 ? 0 : p.paths[slot_index].inflight;
 }
 
-void Engine::onPairFailed(int peer, const std::string& why) {
+void EngineCore::onPairFailed(int peer, const std::string& why) {
   Peer& p = *peers_[peer];
   {
     std::lock_guard<std::mutex> lock(p.mu);

@@ -34,7 +34,7 @@ int firstUpPath(Engine& e, int peer) {
   return -1;
 }
 
-// A control message as it comes off the wire (engine.cc's ControlHeader:
+// A control message as it comes off the wire (engine_state.h's ControlHeader:
 // type, 3 reserved bytes, sub, seq; then the body).
 std::vector<uint8_t> controlMessage(ControlType type, uint64_t seq, uint32_t sub, const std::string& body = "") {
   std::vector<uint8_t> m(16 + body.size(), 0);
