@@ -71,6 +71,14 @@ FrameHeader ackFrame(uint64_t writes_received);
 FrameHeader offerFrame();
 FrameHeader acceptFrame();
 FrameHeader markFrame(uint64_t mark);
+// A fence mark: the connection's number (from the hello) in the top 48
+// bits, so that a fence meant for a connection the path has since replaced
+// is told apart; the count of this side's fences below.
+constexpr int kFenceBits = 16;
+inline uint64_t markOf(uint64_t connection, uint64_t fences) { return (connection << kFenceBits) | fences; }
+inline bool sameConnection(uint64_t mark, uint64_t connection) {
+  return (mark >> kFenceBits) == (connection & ((uint64_t{1} << (64 - kFenceBits)) - 1));
+}
 
 // Connection handshake: the connecting side sends HelloWire, the accepting
 // side answers HelloReply and closes the connection unless status is kOk.
