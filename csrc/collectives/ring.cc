@@ -81,314 +81,391 @@ struct RingPlan {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-void runRing(OpContext& ctx, const RingPlan& plan) {
-  multipath::Engine& engine = ctx.engine();
-  const int n = ctx.size(), r = ctx.rank();
-  const int L = ctx.left(), R = ctx.right();
-  const uint32_t rs_steps = plan.reduce_scatter ? n - 1 : 0;
-  const uint32_t ag_steps = plan.allgather ? n - 1 : 0;
-  const uint32_t steps = rs_steps + ag_steps;
-  const uint32_t W = ringTagWindow();
-  const Segmentation seg =
-      segmentBlocks(plan.blocks, engine.config().segment_size, std::max<uint32_t>(1, W / std::max(1u, steps)));
-  const uint32_t G = seg.per_block;
-  const uint32_t total = steps * G;
-  const bool windowed = total > W;  // tags are reused within the operation
-  auto tagOf = [&](uint32_t k) { return ctx.tag(k % W); };
-  // Control subs beside the reduce-scatter credits (sub = message index).
-  constexpr uint32_t kSubDone = 1u << 30, kSubReady = 1u << 31;
-  const uint32_t K = static_cast<uint32_t>(scratchSlots(engine.config(), n));
+// One ring operation on this rank: which message goes where (the index
+// arithmetic), the state of every message in both directions, one look at
+// all of it per event (step()), and what the operation waits on.
+class Ring {
+ public:
+  Ring(OpContext& ctx, const RingPlan& plan);
+  void run();
 
-  std::vector<Window> mine = {plan.work};
-  Region scratch;
-  if (plan.reduce_scatter) {
-    scratch = engine.buffer(kScratchBuffer, K * seg.segment_bytes);
-    mine.push_back(Window{scratch, 0});
-  }
-  std::vector<RemoteWindow> theirs = ctx.handshake(mine);
-  if (total == 0) return;  // empty tensors: the handshake was the whole operation
-  auto* work = static_cast<uint8_t*>(plan.work.region.addr) + plan.work.base;
-  auto* slots = static_cast<uint8_t*>(scratch.addr);
+ private:
+  // Control subs beside the reduce-scatter credits (sub = message index).
+  static constexpr uint32_t kSubDone = 1u << 30, kSubReady = 1u << 31;
 
   // Message index k -> (phase, step, segment) and its block on each side.
-  auto isRS = [&](uint32_t k) { return k < rs_steps * G; };
-  auto stepOf = [&](uint32_t k) { return (isRS(k) ? k : k - rs_steps * G) / G; };
-  auto segOf = [&](uint32_t k) { return k % G; };
-  auto sendBlock = [&](uint32_t k) {
-    return mod(r + (isRS(k) ? plan.rs_shift : plan.ag_shift) - static_cast<int>(stepOf(k)), n);
-  };
-  auto recvBlock = [&](uint32_t k) {
-    return mod(r - 1 + (isRS(k) ? plan.rs_shift : plan.ag_shift) - static_cast<int>(stepOf(k)), n);
-  };
+  bool isRS(uint32_t k) const { return k < rs_steps_ * G_; }
+  uint32_t stepOf(uint32_t k) const { return (isRS(k) ? k : k - rs_steps_ * G_) / G_; }
+  uint32_t segOf(uint32_t k) const { return k % G_; }
+  uint32_t tagOf(uint32_t k) const { return ctx_.tag(k % W_); }
+  int sendBlock(uint32_t k) const {
+    return mod(r_ + (isRS(k) ? plan_.rs_shift : plan_.ag_shift) - static_cast<int>(stepOf(k)), n_);
+  }
+  int recvBlock(uint32_t k) const {
+    return mod(r_ - 1 + (isRS(k) ? plan_.rs_shift : plan_.ag_shift) - static_cast<int>(stepOf(k)), n_);
+  }
   // With ag_root: the block sent at AG step s was reduced on rank r - s and
   // has travelled s hops; it goes on only while the root is further on.
-  auto towardsRoot = [&](int sender, uint32_t k) {
-    if (isRS(k) || plan.ag_root < 0) return true;
+  bool towardsRoot(int sender, uint32_t k) const {
+    if (isRS(k) || plan_.ag_root < 0) return true;
     const int s = static_cast<int>(stepOf(k));
-    return mod(plan.ag_root - (sender - s), n) >= s + 1;
-  };
-  auto sendSpan = [&](uint32_t k) {
-    Span span = segmentOf(plan.blocks[sendBlock(k)], seg, segOf(k));
-    if (!towardsRoot(r, k)) span.bytes = 0;
+    return mod(plan_.ag_root - (sender - s), n_) >= s + 1;
+  }
+  Span sendSpan(uint32_t k) const {
+    Span span = segmentOf(plan_.blocks[sendBlock(k)], seg_, segOf(k));
+    if (!towardsRoot(r_, k)) span.bytes = 0;
     return span;
-  };
-  auto recvSpan = [&](uint32_t k) {
-    Span span = segmentOf(plan.blocks[recvBlock(k)], seg, segOf(k));
-    if (!towardsRoot(L, k)) span.bytes = 0;
+  }
+  Span recvSpan(uint32_t k) const {
+    Span span = segmentOf(plan_.blocks[recvBlock(k)], seg_, segOf(k));
+    if (!towardsRoot(L_, k)) span.bytes = 0;
     return span;
-  };
+  }
+
+  void markProcessed(uint32_t k);
+  // A copy in that fails (a CUDA error) fails the operation on every rank.
+  void stagingFailed(const std::exception& e) { ctx_.abort(strcat("could not stage its tensor: ", e.what())); }
+  // The span's bytes are in place (staged buffer); otherwise this step waits for them.
+  bool staged(const Span& span);
+  void expectNow(uint32_t k, const Span& span);
+  // Expect message k (an empty one is processed at once).
+  void expectMessage(uint32_t k);
+  // Windowed: hand message m's tag to message m + W once m is over on both
+  // sides; false while its writer has not said DONE.
+  bool freeTag(uint32_t m);
+  // Our message k may be written now.
+  bool ready(uint32_t k);
+  // A message just processed: with a staged buffer, report what became final.
+  void finalOf(uint32_t k);
+  void takeArrivals();
+  void postReady();
+  bool reportDone();  // true: every write of ours is acknowledged
+  bool step1();
+  bool step();
+  std::string waiting() const;
+  std::vector<int> depends() const;
+
+  OpContext& ctx_;
+  const RingPlan& plan_;
+  multipath::Engine& engine_;
+  const int n_, r_, L_, R_;
+  const uint32_t rs_steps_, ag_steps_, steps_, W_;
+  Segmentation seg_;
+  uint32_t G_ = 0, total_ = 0, K_ = 0;
+  bool windowed_ = false;  // tags are reused within the operation
+  std::vector<RemoteWindow> theirs_;
+  uint8_t* work_ = nullptr;
+  uint8_t* slots_ = nullptr;
 
   // Incoming messages: expected up front (the first W of a windowed ring,
   // each later one when its tag is free); early chunks are remembered.
-  std::vector<std::shared_ptr<RecvOp>> recv(total);
-  std::vector<char> processed(total, 0);
-  uint32_t processed_count = 0;
-  std::vector<uint32_t> pending;
-  std::vector<uint32_t> to_free;  // windowed: processed messages whose tag a later one needs
-  auto markProcessed = [&](uint32_t k) {
-    processed[k] = 1;
-    ++processed_count;
-    if (k + W < total) to_free.push_back(k);
-  };
+  std::vector<std::shared_ptr<RecvOp>> recv_;
+  std::vector<char> processed_;
+  uint32_t processed_count_ = 0;
+  std::vector<uint32_t> pending_;
+  std::vector<uint32_t> to_free_;  // windowed: processed messages whose tag a later one needs
   // Staged buffer: reduce-scatter messages waiting for the bytes they reduce
   // into (their chunks land in the scratch slot meanwhile and are reduced
   // when the message is expected).
-  std::vector<uint32_t> deferred;
-  bool waits_for_staging = false;  // this step found a message waiting for staged bytes
-  // A copy in that fails (a CUDA error) fails the operation on every rank.
-  auto stagingFailed = [&](const std::exception& e) {
-    ctx.abort(strcat("could not stage its tensor: ", e.what()));
-  };
-  auto staged = [&](const Span& span) {
+  std::vector<uint32_t> deferred_;
+  bool waits_for_staging_ = false;  // this step found a message waiting for staged bytes
+  std::vector<char> done_heard_;
+
+  std::vector<std::shared_ptr<SendOp>> sends_;
+  std::vector<std::shared_ptr<SendOp>> send_of_;  // our write of message k
+  std::vector<char> credit_;       // credit for our RS message k returned by R
+  std::vector<char> ready_heard_;  // READY k from R
+  std::vector<uint32_t> unreported_;  // windowed: our messages whose DONE R still needs
+  uint32_t next_ = 0;
+};
+
+Ring::Ring(OpContext& ctx, const RingPlan& plan)
+    : ctx_(ctx),
+      plan_(plan),
+      engine_(ctx.engine()),
+      n_(ctx.size()),
+      r_(ctx.rank()),
+      L_(ctx.left()),
+      R_(ctx.right()),
+      rs_steps_(plan.reduce_scatter ? n_ - 1 : 0),
+      ag_steps_(plan.allgather ? n_ - 1 : 0),
+      steps_(rs_steps_ + ag_steps_),
+      W_(ringTagWindow()) {
+  seg_ = segmentBlocks(plan.blocks, engine_.config().segment_size, std::max<uint32_t>(1, W_ / std::max(1u, steps_)));
+  G_ = seg_.per_block;
+  total_ = steps_ * G_;
+  windowed_ = total_ > W_;
+  K_ = static_cast<uint32_t>(scratchSlots(engine_.config(), n_));
+}
+
+void Ring::markProcessed(uint32_t k) {
+  processed_[k] = 1;
+  ++processed_count_;
+  if (k + W_ < total_) to_free_.push_back(k);
+}
+
+bool Ring::staged(const Span& span) {
+  try {
+    if (!plan_.staged || plan_.staged->ready(span.offset, span.bytes)) return true;
+  } catch (const std::exception& e) {
+    stagingFailed(e);
+  }
+  waits_for_staging_ = true;
+  return false;
+}
+
+void Ring::expectNow(uint32_t k, const Span& span) {
+  multipath::ChunkHook hook;
+  if (isRS(k)) {
+    uint8_t* dst = work_ + span.offset;
+    const uint8_t* src = slots_ + static_cast<uint64_t>(k % K_) * seg_.segment_bytes;
+    const bool last = stepOf(k) == rs_steps_ - 1;
+    const DType dtype = plan_.dtype;
+    const ReduceOp op = plan_.op;
+    const int n = n_;
+    hook = [=](uint64_t off, uint64_t len) {
+      reduceInto(dtype, op, dst + off, src + off, len / dtypeSize(dtype));
+      if (last && op == ReduceOp::kAvg) finishAvg(dtype, dst + off, len / dtypeSize(dtype), n);
+    };
+  }
+  recv_[k] = engine_.expect(L_, tagOf(k), span.bytes, std::move(hook));
+  pending_.push_back(k);
+  // Windowed: the writer may now use the tag for message k.
+  if (k >= W_) {
     try {
-      if (!plan.staged || plan.staged->ready(span.offset, span.bytes)) return true;
+      engine_.sendControl(L_, ControlType::kCredit, ctx_.seq(), kSubReady + k);
+    } catch (const Error& e) {
+      ctx_.abort(e.what());
+    }
+  }
+}
+
+void Ring::expectMessage(uint32_t k) {
+  Span span = recvSpan(k);
+  if (span.bytes == 0) {
+    markProcessed(k);
+    return;
+  }
+  if (isRS(k) && !staged(span)) {
+    deferred_.push_back(k);
+    return;
+  }
+  expectNow(k, span);
+}
+
+bool Ring::freeTag(uint32_t m) {
+  if (recvSpan(m).bytes > 0) {
+    if (!done_heard_[m]) {
+      if (!engine_.takeControl(L_, {ControlType::kCredit, ctx_.seq(), kSubDone + m}, nullptr)) return false;
+      done_heard_[m] = 1;
+    }
+    engine_.recycleTag(L_, tagOf(m));
+  }
+  expectMessage(m + W_);
+  return true;
+}
+
+bool Ring::ready(uint32_t k) {
+  uint32_t s = stepOf(k), g = segOf(k);
+  if (windowed_ && k >= W_ && !ready_heard_[k] && sendSpan(k).bytes > 0) {
+    if (!engine_.takeControl(R_, {ControlType::kCredit, ctx_.seq(), kSubReady + k}, nullptr)) return false;
+    ready_heard_[k] = 1;
+  }
+  if (isRS(k)) {
+    if (s > 0 && !processed_[(s - 1) * G_ + g]) return false;
+    // Step 0 sends this rank's own bytes (later steps, bytes it reduced into).
+    if (s == 0 && !staged(sendSpan(k))) return false;
+    if (k >= K_) {
+      uint32_t j = k - K_;  // the message that used this slot before
+      if (sendSpan(j).bytes > 0 && !credit_[j]) {
+        if (!engine_.takeControl(R_, {ControlType::kCredit, ctx_.seq(), j}, nullptr)) return false;
+        credit_[j] = 1;
+      }
+      // The credit says R has every chunk of j; our write of j must be
+      // acknowledged too: after a failover, a second copy of a chunk of j
+      // (its first copy landed, its ACK was lost) would otherwise land in
+      // the slot after message k took it.
+      if (send_of_[j] && !send_of_[j]->done()) return false;
+    }
+    return true;
+  }
+  if (s == 0) return rs_steps_ == 0 || processed_[(rs_steps_ - 1) * G_ + g] != 0;
+  return processed_[rs_steps_ * G_ + (s - 1) * G_ + g] != 0;
+}
+
+void Ring::finalOf(uint32_t k) {
+  if (!plan_.staged || plan_.ag_root >= 0) return;
+  if ((isRS(k) && stepOf(k) == rs_steps_ - 1 && plan_.allgather) || !isRS(k)) {
+    const Span span = recvSpan(k);
+    if (span.bytes == 0) return;
+    try {
+      plan_.staged->final(span.offset, span.bytes);
+    } catch (const std::exception& e) {
+      ctx_.abort(strcat("could not copy its result back: ", e.what()));
+    }
+  }
+}
+
+// Messages whose bytes are now in place are expected; those fully landed
+// are processed (credited back, their tags freed for later messages).
+void Ring::takeArrivals() {
+  for (size_t i = 0; i < deferred_.size();) {
+    const uint32_t k = deferred_[i];
+    const Span span = recvSpan(k);
+    if (!staged(span)) {
+      ++i;
+      continue;
+    }
+    deferred_.erase(deferred_.begin() + static_cast<std::ptrdiff_t>(i));
+    expectNow(k, span);
+  }
+  for (size_t i = 0; i < pending_.size();) {
+    uint32_t k = pending_[i];
+    if (!recv_[k]->done()) {
+      ++i;
+      continue;
+    }
+    engine_.release(recv_[k]);
+    recv_[k].reset();
+    markProcessed(k);
+    finalOf(k);
+    if (isRS(k)) {
+      // Best effort: the writer waits for its credits and fails on its own
+      // if it cannot get them; our progress does not depend on this.
+      try {
+        engine_.sendControl(L_, ControlType::kCredit, ctx_.seq(), k);
+      } catch (const Error&) {
+      }
+    }
+    pending_[i] = pending_.back();
+    pending_.pop_back();
+  }
+  // Freeing a tag may expect an empty message, whose tag frees at once.
+  for (bool freed = true; freed && !to_free_.empty();) {
+    freed = false;
+    std::vector<uint32_t> waiting;
+    waiting.swap(to_free_);
+    for (uint32_t m : waiting) {
+      if (freeTag(m)) freed = true;
+      else to_free_.push_back(m);
+    }
+  }
+}
+
+// Our messages that are ready go out, strictly in index order.
+void Ring::postReady() {
+  while (next_ < total_ && ready(next_)) {
+    Span span = sendSpan(next_);
+    if (span.bytes > 0) {
+      const RemoteWindow& dst = isRS(next_) ? theirs_[1] : theirs_[0];
+      uint64_t dst_off = isRS(next_) ? static_cast<uint64_t>(next_ % K_) * seg_.segment_bytes : dst.base + span.offset;
+      try {
+        sends_.push_back(engine_.write(R_, plan_.work.region, plan_.work.base + span.offset, dst.region, dst_off,
+                                       span.bytes, tagOf(next_)));
+        send_of_[next_] = sends_.back();
+        if (next_ + W_ < total_) unreported_.push_back(next_);
+      } catch (const Error& e) {
+        ctx_.abort(e.what());
+      }
+    }
+    ++next_;
+  }
+}
+
+bool Ring::reportDone() {
+  bool sent = true;
+  for (const auto& s : sends_) {
+    if (s->failed()) ctx_.abort(s->error());
+    sent = sent && s->done();
+  }
+  // Windowed: R may reuse the tag of a message of ours once every chunk
+  // of it is acknowledged.
+  for (size_t i = 0; i < unreported_.size();) {
+    const uint32_t m = unreported_[i];
+    if (!send_of_[m]->done()) {
+      ++i;
+      continue;
+    }
+    try {
+      engine_.sendControl(R_, ControlType::kCredit, ctx_.seq(), kSubDone + m);
+    } catch (const Error& e) {
+      ctx_.abort(e.what());
+    }
+    unreported_[i] = unreported_.back();
+    unreported_.pop_back();
+  }
+  return sent;
+}
+
+bool Ring::step1() {
+  waits_for_staging_ = false;
+  takeArrivals();
+  postReady();
+  const bool sent = reportDone();
+  return next_ == total_ && processed_count_ == total_ && sent;
+}
+
+// With a staged buffer, a step that found a message waiting for its bytes
+// waits for the next staged piece and goes on (no transport event would
+// wake it for that); everything the transport did meanwhile is seen then.
+bool Ring::step() {
+  for (;;) {
+    if (step1()) return true;
+    if (!waits_for_staging_) return false;
+    try {
+      if (!plan_.staged->stageMore()) return false;
     } catch (const std::exception& e) {
       stagingFailed(e);
     }
-    waits_for_staging = true;
-    return false;
-  };
-  auto expectNow = [&](uint32_t k, const Span& span) {
-    multipath::ChunkHook hook;
-    if (isRS(k)) {
-      uint8_t* dst = work + span.offset;
-      const uint8_t* src = slots + static_cast<uint64_t>(k % K) * seg.segment_bytes;
-      const bool last = stepOf(k) == rs_steps - 1;
-      const DType dtype = plan.dtype;
-      const ReduceOp op = plan.op;
-      hook = [=](uint64_t off, uint64_t len) {
-        reduceInto(dtype, op, dst + off, src + off, len / dtypeSize(dtype));
-        if (last && op == ReduceOp::kAvg) finishAvg(dtype, dst + off, len / dtypeSize(dtype), n);
-      };
-    }
-    recv[k] = engine.expect(L, tagOf(k), span.bytes, std::move(hook));
-    pending.push_back(k);
-    // Windowed: the writer may now use the tag for message k.
-    if (k >= W) {
-      try {
-        engine.sendControl(L, ControlType::kCredit, ctx.seq(), kSubReady + k);
-      } catch (const Error& e) {
-        ctx.abort(e.what());
-      }
-    }
-  };
-  // Expect message k (an empty one is processed at once).
-  auto expectMessage = [&](uint32_t k) {
-    Span span = recvSpan(k);
-    if (span.bytes == 0) {
-      markProcessed(k);
-      return;
-    }
-    if (isRS(k) && !staged(span)) {
-      deferred.push_back(k);
-      return;
-    }
-    expectNow(k, span);
-  };
-  for (uint32_t k = 0; k < std::min(total, W); ++k) expectMessage(k);
-  // Windowed: hand message m's tag to message m + W once m is over on both
-  // sides; false while its writer has not said DONE.
-  std::vector<char> done_heard(windowed ? total : 0, 0);
-  auto freeTag = [&](uint32_t m) -> bool {
-    if (recvSpan(m).bytes > 0) {
-      if (!done_heard[m]) {
-        if (!engine.takeControl(L, {ControlType::kCredit, ctx.seq(), kSubDone + m}, nullptr)) return false;
-        done_heard[m] = 1;
-      }
-      engine.recycleTag(L, tagOf(m));
-    }
-    expectMessage(m + W);
-    return true;
-  };
+  }
+}
 
-  std::vector<std::shared_ptr<SendOp>> sends;
-  std::vector<std::shared_ptr<SendOp>> send_of(total);  // our write of message k
-  std::vector<char> credit(total, 0);  // credit for our RS message k returned by R
-  std::vector<char> ready_heard(windowed ? total : 0, 0);  // READY k from R
-  std::vector<uint32_t> unreported;  // windowed: our messages whose DONE R still needs
-  uint32_t next = 0;
+std::string Ring::waiting() const {
+  size_t unsent = 0;
+  for (const auto& s : sends_) unsent += s->done() ? 0 : 1;
+  return strcat(total_ - processed_count_, " of ", total_, " messages from rank ", L_, ", ", unsent,
+                " unacknowledged writes to rank ", R_, ", ", total_ - next_, " messages not yet posted");
+}
 
-  auto ready = [&](uint32_t k) {
-    uint32_t s = stepOf(k), g = segOf(k);
-    if (windowed && k >= W && !ready_heard[k] && sendSpan(k).bytes > 0) {
-      if (!engine.takeControl(R, {ControlType::kCredit, ctx.seq(), kSubReady + k}, nullptr)) return false;
-      ready_heard[k] = 1;
-    }
-    if (isRS(k)) {
-      if (s > 0 && !processed[(s - 1) * G + g]) return false;
-      // Step 0 sends this rank's own bytes (later steps, bytes it reduced into).
-      if (s == 0 && !staged(sendSpan(k))) return false;
-      if (k >= K) {
-        uint32_t j = k - K;  // the message that used this slot before
-        if (sendSpan(j).bytes > 0 && !credit[j]) {
-          if (!engine.takeControl(R, {ControlType::kCredit, ctx.seq(), j}, nullptr)) return false;
-          credit[j] = 1;
-        }
-        // The credit says R has every chunk of j; our write of j must be
-        // acknowledged too: after a failover, a second copy of a chunk of j
-        // (its first copy landed, its ACK was lost) would otherwise land in
-        // the slot after message k took it.
-        if (send_of[j] && !send_of[j]->done()) return false;
-      }
-      return true;
-    }
-    if (s == 0) return rs_steps == 0 || processed[(rs_steps - 1) * G + g] != 0;
-    return processed[rs_steps * G + (s - 1) * G + g] != 0;
-  };
+// We depend on the left neighbour while its messages are missing, on the
+// right one while we still write to it (or wait for its credits).
+std::vector<int> Ring::depends() const {
+  std::vector<int> peers;
+  if (processed_count_ < total_) peers.push_back(L_);
+  bool writing = next_ < total_;
+  for (const auto& s : sends_) writing = writing || !s->done();
+  if (writing) peers.push_back(R_);
+  return peers;
+}
 
-  // A message just processed: with a staged buffer, report what became final.
-  auto finalOf = [&](uint32_t k) {
-    if (!plan.staged || plan.ag_root >= 0) return;
-    if ((isRS(k) && stepOf(k) == rs_steps - 1 && plan.allgather) || !isRS(k)) {
-      const Span span = recvSpan(k);
-      if (span.bytes == 0) return;
-      try {
-        plan.staged->final(span.offset, span.bytes);
-      } catch (const std::exception& e) {
-        ctx.abort(strcat("could not copy its result back: ", e.what()));
-      }
-    }
-  };
-  auto step1 = [&]() -> bool {
-    waits_for_staging = false;
-    for (size_t i = 0; i < deferred.size();) {
-      const uint32_t k = deferred[i];
-      const Span span = recvSpan(k);
-      if (!staged(span)) {
-        ++i;
-        continue;
-      }
-      deferred.erase(deferred.begin() + static_cast<std::ptrdiff_t>(i));
-      expectNow(k, span);
-    }
-    for (size_t i = 0; i < pending.size();) {
-      uint32_t k = pending[i];
-      if (!recv[k]->done()) {
-        ++i;
-        continue;
-      }
-      engine.release(recv[k]);
-      recv[k].reset();
-      markProcessed(k);
-      finalOf(k);
-      if (isRS(k)) {
-        // Best effort: the writer waits for its credits and fails on its own
-        // if it cannot get them; our progress does not depend on this.
-        try {
-          engine.sendControl(L, ControlType::kCredit, ctx.seq(), k);
-        } catch (const Error&) {
-        }
-      }
-      pending[i] = pending.back();
-      pending.pop_back();
-    }
-    // Freeing a tag may expect an empty message, whose tag frees at once.
-    for (bool freed = true; freed && !to_free.empty();) {
-      freed = false;
-      std::vector<uint32_t> waiting;
-      waiting.swap(to_free);
-      for (uint32_t m : waiting) {
-        if (freeTag(m)) freed = true;
-        else to_free.push_back(m);
-      }
-    }
-    while (next < total && ready(next)) {
-      Span span = sendSpan(next);
-      if (span.bytes > 0) {
-        const RemoteWindow& dst = isRS(next) ? theirs[1] : theirs[0];
-        uint64_t dst_off = isRS(next) ? static_cast<uint64_t>(next % K) * seg.segment_bytes : dst.base + span.offset;
-        try {
-          sends.push_back(engine.write(R, plan.work.region, plan.work.base + span.offset, dst.region, dst_off,
-                                       span.bytes, tagOf(next)));
-          send_of[next] = sends.back();
-          if (next + W < total) unreported.push_back(next);
-        } catch (const Error& e) {
-          ctx.abort(e.what());
-        }
-      }
-      ++next;
-    }
-    bool sent = true;
-    for (const auto& s : sends) {
-      if (s->failed()) ctx.abort(s->error());
-      sent = sent && s->done();
-    }
-    // Windowed: R may reuse the tag of a message of ours once every chunk
-    // of it is acknowledged.
-    for (size_t i = 0; i < unreported.size();) {
-      const uint32_t m = unreported[i];
-      if (!send_of[m]->done()) {
-        ++i;
-        continue;
-      }
-      try {
-        engine.sendControl(R, ControlType::kCredit, ctx.seq(), kSubDone + m);
-      } catch (const Error& e) {
-        ctx.abort(e.what());
-      }
-      unreported[i] = unreported.back();
-      unreported.pop_back();
-    }
-    return next == total && processed_count == total && sent;
-  };
-  // With a staged buffer, a step that found a message waiting for its bytes
-  // waits for the next staged piece and goes on (no transport event would
-  // wake it for that); everything the transport did meanwhile is seen then.
-  auto step = [&]() -> bool {
-    for (;;) {
-      if (step1()) return true;
-      if (!waits_for_staging) return false;
-      try {
-        if (!plan.staged->stageMore()) return false;
-      } catch (const std::exception& e) {
-        stagingFailed(e);
-      }
-    }
-  };
-  auto waiting = [&]() {
-    size_t unsent = 0;
-    for (const auto& s : sends) unsent += s->done() ? 0 : 1;
-    return strcat(total - processed_count, " of ", total, " messages from rank ", L, ", ", unsent,
-                  " unacknowledged writes to rank ", R, ", ", total - next, " messages not yet posted");
-  };
-  // We depend on the left neighbour while its messages are missing, on the
-  // right one while we still write to it (or wait for its credits).
-  auto depends = [&]() {
-    std::vector<int> peers;
-    if (processed_count < total) peers.push_back(L);
-    bool writing = next < total;
-    for (const auto& s : sends) writing = writing || !s->done();
-    if (writing) peers.push_back(R);
-    return peers;
-  };
+void Ring::run() {
+  std::vector<Window> mine = {plan_.work};
+  Region scratch;
+  if (plan_.reduce_scatter) {
+    scratch = engine_.buffer(kScratchBuffer, K_ * seg_.segment_bytes);
+    mine.push_back(Window{scratch, 0});
+  }
+  theirs_ = ctx_.handshake(mine);
+  if (total_ == 0) return;  // empty tensors: the handshake was the whole operation
+  work_ = static_cast<uint8_t*>(plan_.work.region.addr) + plan_.work.base;
+  slots_ = static_cast<uint8_t*>(scratch.addr);
+  recv_.resize(total_);
+  processed_.assign(total_, 0);
+  done_heard_.assign(windowed_ ? total_ : 0, 0);
+  send_of_.resize(total_);
+  credit_.assign(total_, 0);
+  ready_heard_.assign(windowed_ ? total_ : 0, 0);
+  for (uint32_t k = 0; k < std::min(total_, W_); ++k) expectMessage(k);
   try {
-    ctx.run(step, waiting, depends);
+    ctx_.run([this] { return step(); }, [this] { return waiting(); }, [this] { return depends(); });
   } catch (...) {
-    for (auto& op : recv)
-      if (op) engine.release(op);
+    for (auto& op : recv_)
+      if (op) engine_.release(op);
     throw;
   }
 }
+
+void runRing(OpContext& ctx, const RingPlan& plan) { Ring(ctx, plan).run(); }
 
 // Allreduce in place on `work`: reduce-scatter, then allgather.
 RingPlan allreducePlan(const Window& work, uint64_t count, DType dtype, ReduceOp op, int n) {
