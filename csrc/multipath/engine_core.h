@@ -140,6 +140,12 @@ class EngineCore : public ChannelSink {
   bool monitorTick();  // one look at every active peer's paths; true: chunks are in flight
   // resumed: this process was stopped since the last look (monitorTick).
   bool monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed);
+  struct Look;                                              // monitor.cc: what one look decided
+  void huntLook(Peer& peer, Look& look);                     // peer.mu held
+  void pathsLook(Peer& peer, int rank, bool probe, Look& look);  // peer.mu held
+  void silenceLook(Peer& peer, int rank, Look& look);        // peer.mu held
+  void judgeStalled(Peer& peer, int rank, Look& look);
+  void act(int peer, const Look& look);
   BusyPath busyPath(const Peer& peer, const PathSlot& slot, Clock::time_point now) const;  // peer.mu held
   void reconnectLoop();
   void reconnectPath(int peer, int transport_path, Clock::time_point until);

@@ -78,126 +78,42 @@ bool EngineCore::monitorTick() {
   return busy;
 }
 
-bool EngineCore::monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed) {
-  Peer& p = *peers_[peer];
+// What one look at a peer's paths decided: acted on once peer.mu is
+// released (closes, probes and hunts take other locks or block).
+struct EngineCore::Look {
+  Clock::time_point now;
   std::vector<std::pair<int, std::string>> to_close;  // transport ids
   std::vector<int> to_ping, to_reconnect, to_hunt;
   struct Judged {
     int slot, id;
     BusyPath path;
   };
-  std::vector<Judged> to_judge;
-  bool hear = false;  // a path stalled while the peer has not been heard since
+  std::vector<Judged> to_judge;  // stalled: asked about outside the lock
+  bool hear = false;             // a path stalled while the peer has not been heard since
   bool busy_paths = false;
-  auto ping = [&](PathSlot& s) {  // peer.mu held; sent once the lock is released
+
+  void ping(PathSlot& s) {  // peer.mu held; sent once the lock is released
     s.ping_outstanding = true;
     s.ping_sent = now;
     to_ping.push_back(s.id);
-  };
+  }
+};
+
+bool EngineCore::monitorPeer(int peer, Clock::time_point now, bool probe, bool resumed) {
+  Peer& p = *peers_[peer];
+  Look look;
+  look.now = now;
   {
     std::lock_guard<std::mutex> lock(p.mu);
     if (resumed) p.back_at = now;
-    // Path hunting: which paths stay slow against their siblings (at the
-    // hunter's own cadence, kHuntTick).
-    const bool first = p.hunt_tick == Clock::time_point{};
-    if (hunter_.enabled() && !p.unreachable && !p.left && (first || seconds(now - p.hunt_tick) >= kHuntTick)) {
-      const double dt = first ? 0 : seconds(now - p.hunt_tick);
-      p.hunt_tick = now;
-      std::vector<HuntSample> samples(p.paths.size());
-      std::vector<HuntState> states(p.paths.size());
-      for (size_t i = 0; i < p.paths.size(); ++i) {
-        PathSlot& s = p.paths[i];
-        samples[i].busy = s.inflight > 0 || s.bytes_sent != s.tick_bytes;
-        samples[i].usable = s.up && !s.doubted && !s.hunt.active;
-        samples[i].throughput = s.rate.value();
-        s.tick_bytes = s.bytes_sent;
-        states[i] = s.hunt;
-        // A re-opening the opener announced but never made (it failed):
-        // the path carries chunks again.
-        if (s.hunt.active && !s.initiated && seconds(now - s.hunt.since) > 2 * config_.connect_timeout) {
-          s.hunt.active = false;
-          pumpAll(p);
-        }
-      }
-      for (int i : hunter_.tick(samples, states, dt, now)) to_hunt.push_back(p.paths[i].id);
-      for (size_t i = 0; i < p.paths.size(); ++i) {
-        const bool active = p.paths[i].hunt.active;
-        p.paths[i].hunt = states[i];
-        p.paths[i].hunt.active = active;
-      }
-    }
-    for (size_t i = 0; i < p.paths.size(); ++i) {
-      PathSlot& s = p.paths[i];
-      if (!s.up) {
-        // Re-probe a dead path in the background (its opener reconnects);
-        // it is used again as soon as it answers.
-        // (Not one that hunting is re-opening: its new connection is coming.)
-        if (probe && s.initiated && !s.hunt.active && !p.unreachable && !p.left) to_reconnect.push_back(s.id);
-        continue;
-      }
-      // A path that holds chunks or control messages without progress,
-      // while the peer has been heard from (elsewhere) since and lately, is judged by
-      // path_health.h: closed once the network below shows its bytes are
-      // not acknowledged (asked outside this lock), or, where it cannot
-      // tell, set aside and probed; and at path_timeout whatever else.
-      Verdict busy;
-      if (s.inflight > 0 || s.fenced > 0 || !s.unconfirmed.empty()) {
-        busy_paths = true;
-        const BusyPath b = busyPath(p, s, now);
-        busy = judgeBusyPath(b);
-        if (busy.health != Health::kDead && worthAsking(b)) to_judge.push_back({static_cast<int>(i), s.id, b});
-        else if (b.stalled > kStallFloor && !b.heard_since) hear = true;
-      }
-      if (busy.health == Health::kDead)
-        to_close.emplace_back(s.id, busy.why);
-      // (Its probe counts as unanswered only while the peer answers
-      // elsewhere: a peer silent everywhere is judgePeer()'s.)
-      else if (s.doubted && s.fenced == 0 && seconds(now - std::max(s.doubted_since, p.back_at)) > doubtWindow(s) &&
-               p.last_heard > s.doubted_since)
-        to_close.emplace_back(s.id, strcat("it was set aside as dead and has not answered a probe for ",
-                                           doubtWindow(s), " s"));
-      // An idle path has no chunks to stall, so only its probe tells: one
-      // unanswered for twice path_timeout, while nothing else came through
-      // it (a pong may queue behind the peer's data on a busy path) and the
-      // peer was heard elsewhere since, is dead. Left up, it would keep the
-      // control messages that went on it before it died unconfirmed, and
-      // so never re-sent, and the scheduler would count on it.
-      else if (s.ping_outstanding && seconds(now - std::max(s.ping_sent, p.back_at)) > 2 * config_.path_timeout &&
-               s.last_progress < s.ping_sent && s.last_arrival < s.ping_sent && p.last_heard > s.ping_sent)
-        to_close.emplace_back(s.id, strcat("its probe has had no answer for ", 2 * config_.path_timeout,
-                                           " s while rank ", peer, " answers on other paths"));
-      if (probe && !s.ping_outstanding) ping(s);
-    }
-    // A peer silent on every path has no path heard elsewhere to judge the
-    // others by: judgePeer() fails it once its probes have gone unanswered
-    // for peer_timeout while an operation waits on it, and every path to it
-    // is closed, so that the peer too learns, should it wake.
-    PeerSilence quiet;
-    quiet.waited_on = busy_paths || !p.sending.empty() || !p.receiving.empty();
-    quiet.peer_timeout = config_.peer_timeout;
-    // Asked since: the oldest probe still unanswered, or the last word from
-    // the peer if that came after it (a probe sent earlier may wait behind
-    // the peer's data; no second one goes on a path while one is out).
-    for (const PathSlot& s : p.paths) {
-      if (!s.up) continue;
-      quiet.paths++;
-      if (s.ping_outstanding)
-        quiet.asked = std::max(quiet.asked, seconds(now - std::max({s.ping_sent, p.last_heard, p.back_at})));
-    }
-    const Verdict silent = p.unreachable || p.left ? Verdict{} : judgePeer(quiet);
-    if (silent.health == Health::kDead) {
-      const std::string why = strcat("rank ", peer, " ", silent.why);
-      markUnreachable(p, why);
-      to_close.clear();
-      to_judge.clear();
-      for (const PathSlot& s : p.paths)
-        if (s.up) to_close.emplace_back(s.id, why);
-    }
+    huntLook(p, look);
+    pathsLook(p, peer, probe, look);
+    silenceLook(p, peer, look);
     // A stalled path is judged only once the peer is heard elsewhere: ask
     // the other paths now, not at the next probe.
-    if (hear)
+    if (look.hear)
       for (PathSlot& s : p.paths)
-        if (s.up && s.inflight == 0 && !s.ping_outstanding) ping(s);
+        if (s.up && s.inflight == 0 && !s.ping_outstanding) look.ping(s);
     // Shared chunks wait only for completions and path events, which a
     // stalled path no longer brings: a chunk the tail rule left queued for a
     // path that has since stalled would wait for that path's timeout. Offer
@@ -205,8 +121,121 @@ bool EngineCore::monitorPeer(int peer, Clock::time_point now, bool probe, bool r
     // after max(50 ms, 4 x its drain time).
     if (!p.shared.empty() && !p.unreachable) pumpAll(p);
   }
-  // The stalled paths, with what the network acknowledged of their bytes.
-  for (Judged& j : to_judge) {
+  judgeStalled(p, peer, look);
+  act(peer, look);
+  return look.busy_paths;
+}
+
+// Path hunting: which paths stay slow against their siblings (at the
+// hunter's own cadence, kHuntTick).
+void EngineCore::huntLook(Peer& p, Look& look) {
+  const Clock::time_point now = look.now;
+  const bool first = p.hunt_tick == Clock::time_point{};
+  if (!hunter_.enabled() || p.unreachable || p.left || (!first && seconds(now - p.hunt_tick) < kHuntTick)) return;
+  const double dt = first ? 0 : seconds(now - p.hunt_tick);
+  p.hunt_tick = now;
+  std::vector<HuntSample> samples(p.paths.size());
+  std::vector<HuntState> states(p.paths.size());
+  for (size_t i = 0; i < p.paths.size(); ++i) {
+    PathSlot& s = p.paths[i];
+    samples[i].busy = s.inflight > 0 || s.bytes_sent != s.tick_bytes;
+    samples[i].usable = s.up && !s.doubted && !s.hunt.active;
+    samples[i].throughput = s.rate.value();
+    s.tick_bytes = s.bytes_sent;
+    states[i] = s.hunt;
+    // A re-opening the opener announced but never made (it failed): the
+    // path carries chunks again.
+    if (s.hunt.active && !s.initiated && seconds(now - s.hunt.since) > 2 * config_.connect_timeout) {
+      s.hunt.active = false;
+      pumpAll(p);
+    }
+  }
+  for (int i : hunter_.tick(samples, states, dt, now)) look.to_hunt.push_back(p.paths[i].id);
+  for (size_t i = 0; i < p.paths.size(); ++i) {
+    const bool active = p.paths[i].hunt.active;
+    p.paths[i].hunt = states[i];
+    p.paths[i].hunt.active = active;
+  }
+}
+
+// Each path: re-opened if down, judged if it holds work without progress,
+// closed if set aside or probed without an answer for too long, probed.
+void EngineCore::pathsLook(Peer& p, int peer, bool probe, Look& look) {
+  const Clock::time_point now = look.now;
+  for (size_t i = 0; i < p.paths.size(); ++i) {
+    PathSlot& s = p.paths[i];
+    if (!s.up) {
+      // Re-probe a dead path in the background (its opener reconnects);
+      // it is used again as soon as it answers.
+      // (Not one that hunting is re-opening: its new connection is coming.)
+      if (probe && s.initiated && !s.hunt.active && !p.unreachable && !p.left) look.to_reconnect.push_back(s.id);
+      continue;
+    }
+    // A path that holds chunks or control messages without progress,
+    // while the peer has been heard from (elsewhere) since and lately, is judged by
+    // path_health.h: closed once the network below shows its bytes are
+    // not acknowledged (asked outside this lock), or, where it cannot
+    // tell, set aside and probed; and at path_timeout whatever else.
+    Verdict busy;
+    if (s.inflight > 0 || s.fenced > 0 || !s.unconfirmed.empty()) {
+      look.busy_paths = true;
+      const BusyPath b = busyPath(p, s, now);
+      busy = judgeBusyPath(b);
+      if (busy.health != Health::kDead && worthAsking(b)) look.to_judge.push_back({static_cast<int>(i), s.id, b});
+      else if (b.stalled > kStallFloor && !b.heard_since) look.hear = true;
+    }
+    if (busy.health == Health::kDead)
+      look.to_close.emplace_back(s.id, busy.why);
+    // (Its probe counts as unanswered only while the peer answers
+    // elsewhere: a peer silent everywhere is judgePeer()'s.)
+    else if (s.doubted && s.fenced == 0 && seconds(now - std::max(s.doubted_since, p.back_at)) > doubtWindow(s) &&
+             p.last_heard > s.doubted_since)
+      look.to_close.emplace_back(s.id, strcat("it was set aside as dead and has not answered a probe for ",
+                                              doubtWindow(s), " s"));
+    // An idle path has no chunks to stall, so only its probe tells: one
+    // unanswered for twice path_timeout, while nothing else came through
+    // it (a pong may queue behind the peer's data on a busy path) and the
+    // peer was heard elsewhere since, is dead. Left up, it would keep the
+    // control messages that went on it before it died unconfirmed, and
+    // so never re-sent, and the scheduler would count on it.
+    else if (s.ping_outstanding && seconds(now - std::max(s.ping_sent, p.back_at)) > 2 * config_.path_timeout &&
+             s.last_progress < s.ping_sent && s.last_arrival < s.ping_sent && p.last_heard > s.ping_sent)
+      look.to_close.emplace_back(s.id, strcat("its probe has had no answer for ", 2 * config_.path_timeout,
+                                              " s while rank ", peer, " answers on other paths"));
+    if (probe && !s.ping_outstanding) look.ping(s);
+  }
+}
+
+// A peer silent on every path has no path heard elsewhere to judge the
+// others by: judgePeer() fails it once its probes have gone unanswered for
+// peer_timeout while an operation waits on it, and every path to it is
+// closed, so that the peer too learns, should it wake.
+void EngineCore::silenceLook(Peer& p, int peer, Look& look) {
+  PeerSilence quiet;
+  quiet.waited_on = look.busy_paths || !p.sending.empty() || !p.receiving.empty();
+  quiet.peer_timeout = config_.peer_timeout;
+  // Asked since: the oldest probe still unanswered, or the last word from
+  // the peer if that came after it (a probe sent earlier may wait behind
+  // the peer's data; no second one goes on a path while one is out).
+  for (const PathSlot& s : p.paths) {
+    if (!s.up) continue;
+    quiet.paths++;
+    if (s.ping_outstanding)
+      quiet.asked = std::max(quiet.asked, seconds(look.now - std::max({s.ping_sent, p.last_heard, p.back_at})));
+  }
+  const Verdict silent = p.unreachable || p.left ? Verdict{} : judgePeer(quiet);
+  if (silent.health != Health::kDead) return;
+  const std::string why = strcat("rank ", peer, " ", silent.why);
+  markUnreachable(p, why);
+  look.to_close.clear();
+  look.to_judge.clear();
+  for (const PathSlot& s : p.paths)
+    if (s.up) look.to_close.emplace_back(s.id, why);
+}
+
+// The stalled paths, with what the network acknowledged of their bytes.
+void EngineCore::judgeStalled(Peer& p, int peer, Look& look) {
+  for (Look::Judged& j : look.to_judge) {
     j.path.delivery = mesh_.transport->delivery(peer, j.id);
     Verdict v = judgeBusyPath(j.path);
     if (v.health == Health::kFine && j.path.doubted) {
@@ -219,23 +248,25 @@ bool EngineCore::monitorPeer(int peer, Clock::time_point now, bool probe, bool r
     if (v.health == Health::kFine) continue;
     std::lock_guard<std::mutex> lock(p.mu);
     PathSlot& s = p.paths[j.slot];
-    if (s.id != j.id || !s.up || busyPath(p, s, now).stalled < j.path.stalled) continue;  // it moved on meanwhile
-    if (v.health == Health::kDead) to_close.emplace_back(j.id, v.why);
+    if (s.id != j.id || !s.up || busyPath(p, s, look.now).stalled < j.path.stalled) continue;  // it moved on meanwhile
+    if (v.health == Health::kDead) look.to_close.emplace_back(j.id, v.why);
     else if (!s.doubted) doubt(p, j.slot, strcat("path ", j.slot, " to rank ", peer, ": ", v.why));
     else if (s.fenced == 0) fence(p, j.slot);
   }
-  for (auto& c : to_close) mesh_.transport->closePath(peer, c.first, c.second);
-  for (int id : to_ping) sendPing(peer, id);
-  for (int id : to_hunt) {
+}
+
+void EngineCore::act(int peer, const Look& look) {
+  for (auto& c : look.to_close) mesh_.transport->closePath(peer, c.first, c.second);
+  for (int id : look.to_ping) sendPing(peer, id);
+  for (int id : look.to_hunt) {
     if (owner_) owner_->queueHunt({HuntJob::kSlow, ranks_[peer], id, {}});  // shared paths: the owner moves it
     else queueHunt({HuntJob::kSlow, peer, id, {}});
   }
-  if (!to_reconnect.empty()) {
+  if (!look.to_reconnect.empty()) {
     std::lock_guard<std::mutex> lock(reconnect_mu_);
-    for (int id : to_reconnect) reconnect_wanted_.insert({peer, id});
+    for (int id : look.to_reconnect) reconnect_wanted_.insert({peer, id});
     reconnect_cv_.notify_all();
   }
-  return busy_paths;
 }
 
 void EngineCore::reconnectLoop() {
