@@ -125,7 +125,8 @@ void setChunkBytes(size_t& field, const char* env, const std::string& text) {
   });
 }
 
-std::vector<Knob> buildKnobs() {
+// Which transport, which vNICs, how many paths.
+std::vector<Knob> pathKnobs() {
   return {
       {"debug", "MAESTRO_DEBUG", "WARN", "log level: NONE, WARN, INFO (knobs, path table, stats), TRACE",
        false, [](const Config& c) { return levelText(c.debug); },
@@ -158,6 +159,12 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          setAutoOrNumber(c.paths, v, [](const std::string& t) { return parseInt("MAESTRO_PATHS", t, 0, 64); });
        }},
+  };
+}
+
+// How messages are cut and spread over the paths, and the buffers they use.
+std::vector<Knob> schedulingKnobs() {
+  return {
       {"chunk_size", "MAESTRO_CHUNK_SIZE", "auto",
        "bytes per chunk, the unit spread over paths (K/M suffixes; multiple of 64); auto: 50K on verbs, "
        "256K on tcp",
@@ -245,6 +252,12 @@ std::vector<Knob> buildKnobs() {
        "process's event loop, while any of its groups asks): lower latency, one core kept busy", false,
        [](const Config& c) { return std::string(c.busy_poll ? "1" : "0"); },
        [](Config& c, const std::string& v) { c.busy_poll = parseBool("MAESTRO_BUSY_POLL", v); }},
+  };
+}
+
+// When a path or a peer counts as failed; how pairs connect.
+std::vector<Knob> failureKnobs() {
+  return {
       {"path_timeout", "MAESTRO_PATH_TIMEOUT", "2",
        "the backstop: seconds a path may hold chunks without progress before it is declared down whatever else (a blackholed TCP path is found sooner, from its ACKs; an idle path: twice this without an answer to its probe)", false,
        [](const Config& c) { return strcat(c.path_timeout); },
@@ -279,6 +292,12 @@ std::vector<Knob> buildKnobs() {
        "its traffic kept apart by group, where its path knobs match the default group's; 0: it opens its own",
        true, [](const Config& c) { return std::string(c.share_paths ? "1" : "0"); },
        [](Config& c, const std::string& v) { c.share_paths = parseBool("MAESTRO_SHARE_PATHS", v); }},
+  };
+}
+
+// CUDA tensors through host memory.
+std::vector<Knob> stagingKnobs() {
+  return {
       {"staging", "MAESTRO_STAGING", "auto",
        "auto: CUDA tensors travel through pinned host slabs registered once (copies on a side stream, stream "
        "order as NCCL's); force: CPU tensors take the same steps (a test of the staging without a GPU); off: "
@@ -296,6 +315,12 @@ std::vector<Knob> buildKnobs() {
                        " must be 0 (whole copies) or between 4096 and 1G");
          c.staging_piece = s;
        }},
+  };
+}
+
+// Routes: discovery, TCP congestion control and ports, single copy, hunting, probes.
+std::vector<Knob> routeKnobs() {
+  return {
       {"discovery", "MAESTRO_DISCOVERY", "auto",
        "ttl: open candidate connections, learn each one's core hop with TTL-limited probes on its own 5-tuple, "
        "keep one per distinct hop (for ECMP-hashed networks); auto: ttl when a probe from some rank towards its "
@@ -382,6 +407,12 @@ std::vector<Knob> buildKnobs() {
        [](Config& c, const std::string& v) {
          c.probe_interval = parseSeconds("MAESTRO_PROBE_INTERVAL", v, 0.01, 3600);
        }},
+  };
+}
+
+// What the engine writes out: metrics, dumps.
+std::vector<Knob> reportKnobs() {
+  return {
       {"metrics", "MAESTRO_METRICS", "",
        "append every path's counters (path_stats() fields) as JSON lines to this file every "
        "MAESTRO_METRICS_INTERVAL seconds (on the path monitor's tick: 0.5 s at the finest by default) and as the "
@@ -400,6 +431,15 @@ std::vector<Knob> buildKnobs() {
          c.metrics_interval = parseSeconds("MAESTRO_METRICS_INTERVAL", v, 0.1, 86400);
        }},
   };
+}
+
+std::vector<Knob> buildKnobs() {
+  std::vector<Knob> knobs;
+  for (auto group : {pathKnobs, schedulingKnobs, failureKnobs, stagingKnobs, routeKnobs, reportKnobs}) {
+    std::vector<Knob> more = group();
+    knobs.insert(knobs.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  }
+  return knobs;
 }
 
 }  // namespace
