@@ -43,6 +43,29 @@ void unhex(const std::string& s, uint8_t* out, size_t n) {
 
 std::string key(const std::string& step, int rank) { return strcat("maestro/", step, "/", rank); }
 
+// Discovery's key of pair (a, b), either way round.
+int pairKey(int a, int b, int size) { return std::min(a, b) * size + std::max(a, b); }
+
+// Pair (a, b)'s first n candidates as the probes of both directions found
+// them ("" where a probe got no answer).
+std::vector<Candidate> candidatesOf(const std::vector<std::string>& fwd, const std::vector<std::string>& bwd, int n) {
+  std::vector<Candidate> cands(n);
+  for (int c = 0; c < n; ++c) {
+    if (c < static_cast<int>(fwd.size())) cands[c].forward = fwd[c];
+    if (c < static_cast<int>(bwd.size())) cands[c].backward = bwd[c];
+  }
+  return cands;
+}
+
+// Which directions of pair (a, b), a < b, must be disjoint: a ring
+// neighbour's ring direction (both with two ranks); both where the two are
+// not neighbours, since any operation may use either.
+void directionsOf(int a, int b, int size, bool* forward, bool* backward) {
+  *forward = b == (a + 1) % size || size == 2;
+  *backward = a == (b + 1) % size || size == 2;
+  if (!*forward && !*backward) *forward = *backward = true;
+}
+
 }  // namespace
 
 std::vector<RankPair> QpManager::startUpPairs(int size, bool eager) {
@@ -355,18 +378,17 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
   // the paths -- and only those are connected.
   const auto& endpoints = mesh.endpoints;
   const int P = mesh.paths, cap = P * config.candidates, per_round = std::min(cap, 2 * P);
-  auto pairKey = [&](int a, int b) { return std::min(a, b) * size_ + std::max(a, b); };
   std::map<int, std::vector<uint16_t>> cand_port;           // pair -> port of each candidate
-  std::map<int, std::vector<std::string>> fwd, bwd;         // pair -> hop of each candidate
+  Hops fwd, bwd;
   std::map<int, bool> done;
-  for (const auto& [a, b] : pairs) done[pairKey(a, b)] = false;
+  for (const auto& [a, b] : pairs) done[pairKey(a, b, size_)] = false;
   std::string why;
   for (int round = 0;; ++round) {
     const int from = round * per_round, to = std::min(cap, from + per_round);
     // 1. The opener (lower rank) reserves this round's source ports.
     std::string record;
     for (const auto& [a, peer] : pairs) {
-      if (a != rank_ || done[pairKey(rank_, peer)]) continue;
+      if (a != rank_ || done[pairKey(rank_, peer, size_)]) continue;
       record += strcat(peer, ":");
       for (int c = from; c < to; ++c)
         record += strcat(c == from ? "" : ",",
@@ -384,7 +406,7 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
       while (at < rec.size()) {
         size_t colon = rec.find(':', at), semi = rec.find(';', at);
         int peer = std::stoi(rec.substr(at, colon - at));
-        int key = pairKey(r, peer);
+        int key = pairKey(r, peer, size_);
         int c = from;
         for (const auto& p : splitList(rec.substr(colon + 1, semi - colon - 1))) {
           uint16_t port = static_cast<uint16_t>(std::stoi(p));
@@ -434,15 +456,11 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
     for (auto& [key, is_done] : done) {
       if (is_done) continue;
       int a = key / size_, b = key % size_;
-      std::vector<Candidate> cands(to);
+      const std::vector<Candidate> cands = candidatesOf(fwd[key], bwd[key], to);
       bool answers = false;
-      for (int c = 0; c < to; ++c) {
-        if (c < static_cast<int>(fwd[key].size())) cands[c].forward = fwd[key][c];
-        if (c < static_cast<int>(bwd[key].size())) cands[c].backward = bwd[key][c];
-        answers = answers || !cands[c].forward.empty() || !cands[c].backward.empty();
-      }
-      bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
-      if (!f && !w) f = w = true;  // not ring neighbours: both directions count alike
+      for (const Candidate& c : cands) answers = answers || !c.forward.empty() || !c.backward.empty();
+      bool f, w;
+      directionsOf(a, b, size_, &f, &w);
       // Stop when disjoint, when probes get no answers (same leaf, ICMP
       // filtered: more candidates would not help), or at the cap.
       is_done = fullyDisjoint(selectDisjoint(cands, P, f, w), P, f, w) || !answers || to >= cap;
@@ -452,17 +470,18 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
   }
   if (!why.empty()) MAESTRO_WARN("discovery: ", why);
 
-  // The selection of every pair we take part in; unused reserved ports go back.
+  chooseCandidates(mesh, cand_port, fwd, bwd, paths, ports);
+}
+
+void QpManager::chooseCandidates(Mesh& mesh, std::map<int, std::vector<uint16_t>>& cand_port, Hops& fwd, Hops& bwd,
+                                 std::map<int, PeerPaths>* paths, std::map<int, std::vector<uint16_t>>* ports) {
+  const int P = mesh.paths;
   for (auto& [peer, out] : *paths) {
-    int key = pairKey(rank_, peer), a = std::min(rank_, peer), b = std::max(rank_, peer);
+    int key = pairKey(rank_, peer, size_), a = std::min(rank_, peer), b = std::max(rank_, peer);
     int n = static_cast<int>(cand_port[key].size());
-    std::vector<Candidate> cands(n);
-    for (int c = 0; c < n; ++c) {
-      if (c < static_cast<int>(fwd[key].size())) cands[c].forward = fwd[key][c];
-      if (c < static_cast<int>(bwd[key].size())) cands[c].backward = bwd[key][c];
-    }
-    bool f = b == (a + 1) % size_ || size_ == 2, w = a == (b + 1) % size_ || size_ == 2;
-    if (!f && !w) f = w = true;
+    const std::vector<Candidate> cands = candidatesOf(fwd[key], bwd[key], n);
+    bool f, w;
+    directionsOf(a, b, size_, &f, &w);
     Selection sel = selectDisjoint(cands, P, f, w);
     out.ids = sel.chosen;
     (*ports)[peer] = cand_port[key];
