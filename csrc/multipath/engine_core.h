@@ -236,6 +236,9 @@ class EngineCore : public ChannelSink {
   // owner's rank of its rank r.
   std::shared_ptr<ChannelMux> mux_;
   std::shared_ptr<EngineCore> owner_;
+  // owner_'s facade, kept alive with it: the process's later subgroups find
+  // the owning group through a weak reference to its Engine (c10d).
+  std::shared_ptr<Engine> owner_engine_;
   uint32_t channel_ = 0;
   std::vector<int> ranks_;
   std::unique_ptr<QpManager> qp_;

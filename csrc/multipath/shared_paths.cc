@@ -56,12 +56,17 @@ bool EngineCore::shareWith(Parent parent, Deadline setup_deadline) {
   // The default group itself (every rank of it has no parent).
   if (parent.ranks.empty() || !config_.share_paths) return false;
   // The engine that owns the paths, and each rank's rank there.
-  std::shared_ptr<EngineCore> root = parent.engine ? parent.engine->core_ : nullptr;
+  // (Held as the owner's Engine, as the caller holds it: the owning group's
+  // Engine stays alive, so a later subgroup of the same process finds it,
+  // for as long as a group on its paths does.)
+  std::shared_ptr<Engine> owner_engine = parent.engine;
   std::vector<int> ranks = parent.ranks;
-  if (root && root->owner_) {
-    for (int& r : ranks) r = (r >= 0 && r < root->size_) ? root->ranks_[r] : -1;
-    root = root->owner_;
+  if (owner_engine && owner_engine->core_->owner_) {
+    const EngineCore& group = *owner_engine->core_;
+    for (int& r : ranks) r = (r >= 0 && r < group.size_) ? group.ranks_[r] : -1;
+    owner_engine = group.owner_engine_;
   }
+  const std::shared_ptr<EngineCore> root = owner_engine ? owner_engine->core_ : nullptr;
   std::string why;
   uint32_t free = 0;
   Config adopted = config_;  // taken only if every rank shares
@@ -97,6 +102,7 @@ bool EngineCore::shareWith(Parent parent, Deadline setup_deadline) {
   while (!(common & (1u << channel))) ++channel;
   config_ = adopted;
   owner_ = root;
+  owner_engine_ = owner_engine;
   mux_ = root->mux_;
   channel_ = channel;
   ranks_ = ranks;
