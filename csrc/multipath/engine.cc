@@ -34,7 +34,7 @@ Engine::Engine(const std::map<std::string, std::string>& overrides, std::shared_
       core_(std::make_shared<EngineCore>(overrides, *store, rank, size, setup_deadline, rendezvous_host,
                                          std::move(parent), store)) {}
 
-// A group on shared paths keeps its owner's core (not this facade) alive.
+// A group on shared paths keeps its owner's Engine and core alive (owner_engine_).
 Engine::~Engine() = default;
 
 Rendezvous& Engine::rendezvous() const { return core_->rendezvous(); }
@@ -50,15 +50,27 @@ void Engine::conceal(const Region& r) { core_->conceal(r); }
 Region Engine::buffer(int slot, size_t bytes) { return core_->buffer(slot, bytes); }
 size_t Engine::bufferBytes() const { return core_->bufferBytes(); }
 void Engine::beginOperation(uint64_t seq) { core_->beginOperation(seq); }
-std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst, uint64_t dst_offset, uint64_t length, uint32_t tag) { return core_->write(peer, src, src_offset, dst, dst_offset, length, tag); }
-std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook) { return core_->expect(peer, tag, length, std::move(hook)); }
+std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
+                                      uint64_t dst_offset, uint64_t length, uint32_t tag) {
+  return core_->write(peer, src, src_offset, dst, dst_offset, length, tag);
+}
+std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook) {
+  return core_->expect(peer, tag, length, std::move(hook));
+}
 void Engine::release(const std::shared_ptr<RecvOp>& op) { core_->release(op); }
-void Engine::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub, const void* payload, size_t length) { core_->sendControl(peer, type, seq, sub, payload, length); }
-bool Engine::takeControl(int peer, ControlKey key, std::vector<uint8_t>* payload) { return core_->takeControl(peer, key, payload); }
+void Engine::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub, const void* payload,
+                         size_t length) {
+  core_->sendControl(peer, type, seq, sub, payload, length);
+}
+bool Engine::takeControl(int peer, ControlKey key, std::vector<uint8_t>* payload) {
+  return core_->takeControl(peer, key, payload);
+}
 void Engine::broadcastAbort(uint64_t seq, const std::string& reason) { core_->broadcastAbort(seq, reason); }
 bool Engine::abortFor(uint64_t seq, std::string* reason) const { return core_->abortFor(seq, reason); }
 void Engine::retire(uint64_t seq) { core_->retire(seq); }
-void Engine::cancelSends(uint64_t seq, const std::string& why, std::chrono::milliseconds grace) { core_->cancelSends(seq, why, grace); }
+void Engine::cancelSends(uint64_t seq, const std::string& why, std::chrono::milliseconds grace) {
+  core_->cancelSends(seq, why, grace);
+}
 void Engine::interrupt(const std::string& why) { core_->interrupt(why); }
 bool Engine::interrupted(std::string* why) const { return core_->interrupted(why); }
 void Engine::noteFailure(uint64_t seq, const std::string& why) { core_->noteFailure(seq, why); }
@@ -71,14 +83,18 @@ std::vector<int> Engine::activePeers() const { return core_->activePeers(); }
 uint64_t Engine::eventCount() const { return core_->eventCount(); }
 void Engine::wake() { core_->wake(); }
 bool Engine::waitEvent(uint64_t seen, Deadline deadline) { return core_->waitEvent(seen, deadline); }
-bool Engine::waitUntil(const std::function<bool()>& done, Deadline deadline) { return core_->waitUntil(done, deadline); }
+bool Engine::waitUntil(const std::function<bool()>& done, Deadline deadline) {
+  return core_->waitUntil(done, deadline);
+}
 void Engine::checkPeer(int peer) { core_->checkPeer(peer); }
 bool Engine::reachable(int peer) { return core_->reachable(peer); }
 std::vector<PathStats> Engine::pathStats() const { return core_->pathStats(); }
 std::vector<double> Engine::chunkTimes(bool clear) { return core_->chunkTimes(clear); }
 std::string Engine::pathTable() const { return core_->pathTable(); }
 std::string Engine::describeSetup() const { return core_->describeSetup(); }
-void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) { core_->onMessage(peer, path, data, length); }
+void Engine::onMessage(int peer, int path, const uint8_t* data, size_t length) {
+  core_->onMessage(peer, path, data, length);
+}
 int Engine::inflightOn(int peer, int path) { return core_->inflightOn(peer, path); }
 
 // ---------------------------------------------------------------- the core
