@@ -123,7 +123,8 @@ class EngineCore : public ChannelSink {
   void pumpAll(Peer& peer);                            // peer.mu held: every path, shared chunks spread
   void post(Peer& peer, int path, ChunkDesc* c);       // peer.mu held
   void enqueue(Peer& peer, ChunkDesc* chunk);      // peer.mu held
-  std::vector<PathView> views(const Peer& peer) const;  // peer.mu held
+  // peer.mu held; `placing`: the message whose chunk the scheduler places next
+  std::vector<PathView> views(const Peer& peer, const SendOp* placing = nullptr) const;
   void failSends(Peer& peer, const std::string& why);    // peer.mu held
   void markUnreachable(Peer& peer, const std::string& why);  // peer.mu held
   int controlPath(const Peer& peer) const;         // peer.mu held

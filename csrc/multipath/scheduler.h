@@ -32,6 +32,7 @@ struct PathView {
   bool rate_stale = false;
   double rtt = 0.0;         // measured seconds, 0 = not measured yet
   double stalled = 0.0;     // seconds since the last completion while chunks are in flight (0 when idle)
+  int message_chunks = 0;   // chunks of the message being placed that the path has taken
 };
 
 class Scheduler {

@@ -19,7 +19,7 @@ using namespace detail;
 
 // ---------------------------------------------------------------- sending
 
-std::vector<PathView> EngineCore::views(const Peer& peer) const {
+std::vector<PathView> EngineCore::views(const Peer& peer, const SendOp* placing) const {
   std::vector<PathView> v(peer.paths.size());
   const auto now = Clock::now();
   for (size_t i = 0; i < peer.paths.size(); ++i) {
@@ -32,6 +32,7 @@ std::vector<PathView> EngineCore::views(const Peer& peer) const {
     v[i].rate_stale = s.rate.stale(now);
     v[i].rtt = s.rtt;
     v[i].stalled = s.inflight > 0 ? seconds(now - s.last_progress) : 0.0;
+    if (placing && i < placing->taken_.size()) v[i].message_chunks = static_cast<int>(placing->taken_[i]);
   }
   return v;
 }
@@ -59,7 +60,8 @@ void EngineCore::pump(Peer& peer, int path, bool pull) {
       c = slot.queue.front();
       slot.queue.pop_front();
     } else if (pull && peer.scheduler->pulls() && !peer.shared.empty() &&
-               peer.scheduler->pull(views(peer), path, peer.shared.size(), peer.shared.front()->length) == path) {
+               peer.scheduler->pull(views(peer, peer.shared.front()->op), path, peer.shared.size(),
+                                 peer.shared.front()->length) == path) {
       c = peer.shared.front();
       peer.shared.pop_front();
     } else {
@@ -77,7 +79,8 @@ void EngineCore::pumpAll(Peer& peer) {
   // scheduler picks (none: the chunk waits for a path that will finish it
   // sooner). After this, each completion lets its own path pull first.
   while (!peer.shared.empty()) {
-    const int best = peer.scheduler->pull(views(peer), kAnyPath, peer.shared.size(), peer.shared.front()->length);
+    const int best = peer.scheduler->pull(views(peer, peer.shared.front()->op), kAnyPath, peer.shared.size(),
+                                          peer.shared.front()->length);
     if (best < 0 || !peer.usable(best) || peer.paths[best].inflight >= config_.window) break;
     ChunkDesc* c = peer.shared.front();
     peer.shared.pop_front();
@@ -98,6 +101,8 @@ void EngineCore::post(Peer& peer, int path, ChunkDesc* c) {
   }
   slot.inflight++;
   op->outstanding_++;
+  if (op->taken_.size() <= static_cast<size_t>(path)) op->taken_.resize(static_cast<size_t>(path) + 1, 0);
+  op->taken_[static_cast<size_t>(path)]++;
   transport::WriteRequest req;
   req.local = op->src_;
   req.src = op->src_addr_ + c->offset;

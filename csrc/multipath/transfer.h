@@ -62,6 +62,7 @@ class SendOp {
   std::vector<ChunkDesc> chunks_;
   uint32_t remaining_ = 0;    // chunks not yet landed (peer.mu)
   uint32_t outstanding_ = 0;  // chunks posted and not yet completed (peer.mu)
+  std::vector<uint32_t> taken_;  // chunks posted on each path, resends included (peer.mu)
   std::string error_;
   std::atomic<bool> done_{false};
   std::atomic<bool> failed_{false};
