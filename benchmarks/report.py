@@ -397,8 +397,10 @@ def sec_mid_size(rec, out):
             f"busbw as a fraction of the physical limit ({d['physical_limit_GBps'] * 1e3:.0f} MB/s), median "
             f"[min-max] of {trials} interleaved trials (each rotates the order of the variants). The defaults cut "
             "a message shorter than one chunk per path (4 x 256 KiB) into one chunk per path, none under 64 KiB "
-            "(`MAESTRO_MIN_CHUNK_SIZE=auto`); `@min_chunk_size=256K` keeps whole 256 KiB chunks, as before. A 4-rank "
-            "ring sends blocks of a quarter of the message: at 256 KiB they are 64 KiB, one chunk either way.\n\n"
+            "(`MAESTRO_MIN_CHUNK_SIZE=auto`), and a ring whose blocks are at most one 64 KiB chunk per path (here "
+            "above 256 KiB and up to 1 MiB) sends them in 64 KiB messages, each forwarded as it lands; "
+            "`@min_chunk_size=256K` keeps whole 256 KiB chunks and whole blocks, as before. A 4-rank ring sends "
+            "blocks of a quarter of the message: at 256 KiB they are 64 KiB, one chunk either way.\n\n"
             + "\n\n".join(parts) + "\n\n" + save(fig, out, "mid_size"))
 
 

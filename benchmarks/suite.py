@@ -15,8 +15,9 @@ Experiments (paper figure):
     p2p_alltoall  -        sendrecv (ring neighbours, batch_isend_irecv) and all_to_all_single busbw vs size,
                            maestro (adaptive) vs gloo and vs maestro on one path, pinned
     mid_size      -        allreduce/allgather 256 KiB-4 MiB, pinned: the defaults (a mid-size message cut into one
-                           chunk per path) beside MAESTRO_MIN_CHUNK_SIZE=256K (whole chunks), adaptive and
-                           round_robin, interleaved trials in rotating order
+                           chunk per path, a mid-size ring step sent chunk by chunk) beside
+                           MAESTRO_MIN_CHUNK_SIZE=256K (whole chunks and steps), adaptive and round_robin,
+                           interleaved trials in rotating order
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: ResNet-50's sync and training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
@@ -256,7 +257,7 @@ def exp_mid_size(ctx):
     one chunk per path, MAESTRO_MIN_CHUNK_SIZE=auto) beside the same policy
     with whole 256 KiB chunks, in interleaved trials; each trial rotates the
     order of the variants, since a sweep measures them one after another."""
-    sizes = "1M" if ctx.quick else "256K,1M,2M,4M"
+    sizes = "1M" if ctx.quick else "256K,512K,1M,2M,4M"
     variants = ["adaptive", "adaptive@min_chunk_size=256K"]
     if not ctx.quick:
         variants += ["round_robin", "round_robin@min_chunk_size=256K"]

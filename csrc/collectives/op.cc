@@ -105,6 +105,17 @@ std::atomic<uint32_t> ring_tag_window{kMessagesPerOp};
 
 uint32_t ringTagWindow() { return ring_tag_window.load(); }
 
+namespace {
+std::atomic<int> ring_spans_hosts{-1};  // -1: the engine's answer
+}  // namespace
+
+bool ringSpansHosts(const multipath::Engine& engine) {
+  const int set = ring_spans_hosts.load();
+  return set < 0 ? engine.spansHosts() : set != 0;
+}
+void setRingSpansHosts(bool spans) { ring_spans_hosts.store(spans ? 1 : 0); }
+void resetRingSpansHosts() { ring_spans_hosts.store(-1); }
+
 void setRingTagWindow(uint32_t window) {
   MAESTRO_CHECK(window <= kMessagesPerOp, "a ring tag window of ", window, " tags; at most ", kMessagesPerOp);
   ring_tag_window.store(window == 0 ? kMessagesPerOp : window);

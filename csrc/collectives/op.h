@@ -73,6 +73,12 @@ constexpr uint32_t kMessagesPerOp = 1u << multipath::kEpochShift;
 // Tests lower it (0: back to kMessagesPerOp) to make small rings reuse tags.
 uint32_t ringTagWindow();
 void setRingTagWindow(uint32_t window);
+// Whether a ring's group spans hosts (ringSegmentBytes, plan.h): the
+// engine's answer. Tests running ranks as threads of one process set it
+// (true / false; reset: back to the engine's answer).
+bool ringSpansHosts(const multipath::Engine& engine);
+void setRingSpansHosts(bool spans);
+void resetRingSpansHosts();
 
 class OpContext {
  public:

@@ -54,6 +54,14 @@ Segmentation segmentBlocks(const std::vector<Span>& blocks, uint64_t target_byte
   return s;
 }
 
+uint64_t ringSegmentBytes(uint64_t largest_block, uint64_t segment_size, uint64_t chunk_size, uint64_t min_chunk,
+                          int paths, bool spans_hosts) {
+  const bool cuts = spans_hosts && paths > 1 && min_chunk >= 64 && min_chunk < chunk_size;
+  if (cuts && largest_block > min_chunk && largest_block <= static_cast<uint64_t>(paths) * min_chunk)
+    return std::min(min_chunk, segment_size);
+  return segment_size;
+}
+
 Span segmentOf(const Span& block, const Segmentation& seg, uint32_t g) {
   uint64_t start = static_cast<uint64_t>(g) * seg.segment_bytes;
   if (start >= block.bytes) return {block.offset + block.bytes, 0};

@@ -37,6 +37,16 @@ struct Segmentation {
 // sizes are multiples of 64 bytes (of every element size), so segments and
 // the chunks inside them always hold whole elements.
 Segmentation segmentBlocks(const std::vector<Span>& blocks, uint64_t target_bytes, uint32_t max_segments);
+// The segment a ring cuts its blocks into: segment_size, except where the
+// ring crosses hosts and a block is at most one smallest chunk per path
+// (min_chunk, the decomposer's floor: a 1 MiB allreduce over 4 ranks and 4
+// paths). Such a ring step goes as one message of one chunk per path, and
+// the next step leaves only once its last chunk has landed; cut into
+// min_chunk segments, each chunk is forwarded as it lands. Ranks of one host
+// keep whole messages, as the decomposer does. Every rank of a group derives
+// the same answer (knobs, paths and hosts are the group's).
+uint64_t ringSegmentBytes(uint64_t largest_block, uint64_t segment_size, uint64_t chunk_size, uint64_t min_chunk,
+                          int paths, bool spans_hosts);
 // Segment g of a block (bytes may be 0).
 Span segmentOf(const Span& block, const Segmentation& seg, uint32_t g);
 

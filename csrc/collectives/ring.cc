@@ -191,11 +191,18 @@ Ring::Ring(OpContext& ctx, const RingPlan& plan)
       ag_steps_(plan.allgather ? n_ - 1 : 0),
       steps_(rs_steps_ + ag_steps_),
       W_(ringTagWindow()) {
-  seg_ = segmentBlocks(plan.blocks, engine_.config().segment_size, std::max<uint32_t>(1, W_ / std::max(1u, steps_)));
+  const Config& config = engine_.config();
+  uint64_t largest = 0;
+  for (const Span& b : plan.blocks) largest = std::max(largest, b.bytes);
+  const uint64_t target = ringSegmentBytes(largest, config.segment_size, config.chunk_size, config.min_chunk_size,
+                                           engine_.paths(), ringSpansHosts(engine_));
+  seg_ = segmentBlocks(plan.blocks, target, std::max<uint32_t>(1, W_ / std::max(1u, steps_)));
   G_ = seg_.per_block;
   total_ = steps_ * G_;
   windowed_ = total_ > W_;
-  K_ = static_cast<uint32_t>(scratchSlots(engine_.config(), n_));
+  // Mid-size segments: as many slots per block as the whole-message ring
+  // has blocks, so the writer stays as far ahead in bytes.
+  K_ = static_cast<uint32_t>(scratchSlots(config, n_)) * (target < config.segment_size ? std::max(1u, G_) : 1u);
 }
 
 void Ring::markProcessed(uint32_t k) {

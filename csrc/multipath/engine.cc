@@ -40,6 +40,7 @@ Engine::~Engine() = default;
 Rendezvous& Engine::rendezvous() const { return core_->rendezvous(); }
 const Config& Engine::config() const { return core_->config(); }
 int Engine::paths() const { return core_->paths(); }
+bool Engine::spansHosts() const { return core_->spansHosts(); }
 const std::string& Engine::transportName() const { return core_->transportName(); }
 transport::Transport& Engine::transport() { return core_->transport(); }
 uint32_t Engine::channel() const { return core_->channel(); }
@@ -212,6 +213,12 @@ Chunking EngineCore::chunkingFor(int peer) const {
                     !mesh_.hosts[peer].empty() && mesh_.hosts[peer] == mesh_.hosts[rank_];
   if (here) return Chunking(config_.chunk_size);
   return Chunking(config_.chunk_size, config_.min_chunk_size, static_cast<uint32_t>(std::max(1, mesh_.paths)));
+}
+
+bool EngineCore::spansHosts() const {
+  for (const auto& h : mesh_.hosts)
+    if (h.empty() || h != mesh_.hosts.front()) return true;
+  return mesh_.hosts.empty() && size_ > 1;
 }
 
 std::string EngineCore::describeSetup() const {

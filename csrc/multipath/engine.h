@@ -87,6 +87,9 @@ class Engine {
   Rendezvous& rendezvous() const;
   const Config& config() const;
   int paths() const;
+  // Whether the group's ranks are on more than one host (or a rank's host
+  // is unknown): the same answer on every rank.
+  bool spansHosts() const;
   const std::string& transportName() const;
   transport::Transport& transport();
   // This group sends on paths another group opened (shared paths): its

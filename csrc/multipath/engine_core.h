@@ -52,6 +52,7 @@ class EngineCore : public ChannelSink {
   Rendezvous& rendezvous() const { return qp_->store(); }
   const Config& config() const { return config_; }
   int paths() const { return mesh_.paths; }
+  bool spansHosts() const;
   const std::string& transportName() const { return mesh_.transport_kind; }
   transport::Transport& transport() { return *mesh_.transport; }
   uint32_t channel() const { return channel_; }

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <thread>
 
 #include "collectives/collectives.h"
 #include "collectives/plan.h"
@@ -446,6 +448,113 @@ TEST(StagedAllreduce, ACopyThatFailsMidPipelineFailsEveryRankAtOnce) {
     ASSERT_EQ("", errorText(errors[r])) << "rank " << r;
     ASSERT_EQ(2.0f * n, data[r][999]);
   }
+}
+
+TEST(RingSegments, AMidSizeRingAcrossHostsGoesInSmallestChunks) {
+  const uint64_t K = 1024, seg = 1 << 20, chunk = 256 * K, floor = 64 * K;
+  // 4 paths: blocks above one floor chunk and up to one per path.
+  EXPECT_EQ(floor, ringSegmentBytes(256 * K, seg, chunk, floor, 4, true));     // 1 MiB over 4 ranks
+  EXPECT_EQ(floor, ringSegmentBytes(64 * K + 64, seg, chunk, floor, 4, true));
+  EXPECT_EQ(seg, ringSegmentBytes(64 * K, seg, chunk, floor, 4, true));        // one chunk anyway
+  EXPECT_EQ(seg, ringSegmentBytes(256 * K + 64, seg, chunk, floor, 4, true));  // more than one per path
+  EXPECT_EQ(floor, ringSegmentBytes(512 * K, seg, chunk, floor, 8, true));     // 8 paths: up to 512 KiB
+  // Whole messages: one host, one path, no floor (verbs), or a segment knob below the floor.
+  EXPECT_EQ(seg, ringSegmentBytes(256 * K, seg, chunk, floor, 4, false));
+  EXPECT_EQ(seg, ringSegmentBytes(256 * K, seg, chunk, floor, 1, true));
+  EXPECT_EQ(seg, ringSegmentBytes(256 * K, seg, chunk, chunk, 4, true));
+  EXPECT_EQ(32 * K, ringSegmentBytes(100 * K, 32 * K, chunk, floor, 4, true));
+}
+
+// The ring's mid-size cut runs where the ranks are on several hosts; here
+// they are threads of one process, so the test says they are not.
+struct SpansHosts {
+  SpansHosts() { setRingSpansHosts(true); }
+  ~SpansHosts() { resetRingSpansHosts(); }
+};
+
+// 16 KiB chunks cut down to 4 KiB ones over 4 paths: blocks of 4-16 KiB go
+// in 4 KiB segments. Sizes below, inside and above that range, on every
+// collective built on the ring, checked element by element.
+TEST_P(Collectives, MidSizeRingsInSmallestChunksAreExact) {
+  const int n = GetParam();
+  SpansHosts spans;
+  World w(n, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}, {"segment_size", "64K"}, {"paths", "4"}});
+  uint64_t seq = 1;
+  auto value = [](int r, uint64_t i) { return static_cast<float>((i * (r + 3) + 131 * r) % 1013); };
+  for (uint64_t block_bytes : {4096ull, 4100ull, 12000ull, 16384ull, 16448ull}) {
+    const uint64_t count = block_bytes / 4 * n;  // allreduce / reduce: blocks of block_bytes
+    std::vector<std::vector<float>> ar(n, std::vector<float>(count)), red(n, std::vector<float>(count)),
+        rs(n, std::vector<float>(count / n));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) ar[r][i] = red[r][i] = value(r, i);
+    const int root = 1 % n;
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Window arw = registered(e, ar[r]);
+      allreduce(e, seq, arw, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      std::vector<float> input = red[r];
+      reduceScatter(e, seq + 1, input.data(), rs[r].data(), count / n, DType::kFloat32, ReduceOp::kSum, after(60));
+      Window redw = registered(e, red[r]);
+      reduce(e, seq + 2, redw, count, DType::kFloat32, ReduceOp::kSum, root, after(60));
+    });
+    seq += 3;
+    for (auto& err : errors) ASSERT_EQ("", errorText(err)) << block_bytes;
+    for (uint64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i);
+      for (int r = 0; r < n; ++r) ASSERT_EQ(want, ar[r][i]) << "allreduce rank " << r << " element " << i;
+      ASSERT_EQ(want, red[root][i]) << "reduce element " << i;
+      if (i < count / n)
+        for (int r = 0; r < n; ++r) {
+          float block = 0;
+          for (int q = 0; q < n; ++q) block += value(q, r * (count / n) + i);
+          ASSERT_EQ(block, rs[r][i]) << "reduce_scatter rank " << r << " element " << i;
+        }
+    }
+  }
+}
+
+// A path closed while mid-size rings in smallest chunks run back to back:
+// its chunks in flight are sent again on the others, every result exact.
+TEST(MidSizeRing, APathClosedMidPipelineLosesNothing) {
+  const int n = 2, ops = 400;
+  SpansHosts spans;
+  World w(n, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}, {"segment_size", "64K"}, {"paths", "4"}});
+  const uint64_t count = 2 * 12000 / 4;  // blocks of 12000 bytes: 3 segments
+  auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
+  std::atomic<int> started{0};
+  std::atomic<bool> closed_mid_operation{false};
+  std::thread closer([&] {
+    const auto until = after(60);
+    while (started.load() < ops && Clock::now() < until) {
+      if (started.load() > 20 && w.engines[0]->inflightOn(1, 0) > 0) {
+        w.engines[0]->transport().closePath(1, 0, "closed by the test");
+        closed_mid_operation = started.load() < ops;
+        return;
+      }
+      std::this_thread::yield();
+    }
+  });
+  std::vector<int> wrong(n, 0);
+  auto errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    std::vector<float> data(count);
+    Window win = registered(e, data);
+    for (int op = 0; op < ops; ++op) {
+      for (uint64_t i = 0; i < count; ++i) data[i] = value(r, i, op);
+      if (r == 0) started++;
+      allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      for (uint64_t i = 0; i < count; ++i)
+        if (data[i] != value(0, i, op) + value(1, i, op)) wrong[r]++;
+    }
+  });
+  closer.join();
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  ASSERT_TRUE(closed_mid_operation) << "the path was not closed while the rings ran: the test proves nothing";
+  EXPECT_EQ(std::vector<int>(n, 0), wrong);
+  uint64_t resent = 0;
+  for (const auto& s : w.engines[0]->pathStats()) resent += s.resent;
+  EXPECT_GT(resent, 0u) << "no chunk was in flight on the closed path";
 }
 
 TEST(StagingOrder, BlocksInTheOrderTheRingFirstNeedsThemCutIntoWholeElementPieces) {
