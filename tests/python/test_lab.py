@@ -51,6 +51,21 @@ def paths_to_the_right(res):
             for rank in (1, 3)}
 
 
+def loop_through_a_cut(l, size, seconds, down_seconds, backstop):
+    """rank_bench's allreduce loop, with the L1-s1 link down for a while from
+    1.5 s after it is ready (the 3->0 crossing's path via spine 1
+    blackholes); MAESTRO_PATH_TIMEOUT (the backstop) far above the run's
+    pace. Its RESULT."""
+    ranks = labrun.start(l, ["benchmarks/rank_bench.py", "loop", "--size", size, "--seconds", str(seconds)],
+                         env={"MAESTRO_PATH_TIMEOUT": str(backstop)})
+    ranks.wait_for_line(0, "READY", 120)
+    time.sleep(1.5)
+    l.link_down(1, 1)
+    time.sleep(down_seconds)
+    l.link_up(1, 1)
+    return result_of(ranks.wait(300))
+
+
 def test_pinned_paths_use_every_spine():
     with lab("tp", mode="pinned") as l:
         before = l.link_bytes()
@@ -74,14 +89,7 @@ def test_spine_link_cut_mid_allreduce_fails_over_and_recovers():
     # path's bytes -- can close the path in time.
     backstop = 30
     with lab("tf", mode="pinned") as l:
-        ranks = labrun.start(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "12"],
-                             env={"MAESTRO_PATH_TIMEOUT": str(backstop)})
-        ranks.wait_for_line(0, "READY", 120)
-        time.sleep(1.5)
-        l.link_down(1, 1)  # L1-s1: the 3->0 crossing's path via spine 1 blackholes
-        time.sleep(4)
-        l.link_up(1, 1)
-        res = result_of(ranks.wait(300))
+        res = loop_through_a_cut(l, "16M", 12, 4, backstop)
     ranks = res["ranks"]
     assert all(it["ok"] for rank in ranks for it in rank), "every result stays exact"
     # Rank 3 sends to rank 0 over 4 paths, path 1 via spine 1: it went down,
@@ -118,14 +126,7 @@ def test_mid_size_collectives_are_exact_across_hosts_and_through_a_spine_link_cu
                                            "--budget", "0.2"], timeout=300))
             wrong = [(r["variant"], r["bytes"]) for r in res["rows"] if not r["exact"]]
             assert not wrong, f"{coll}: wrong results at {wrong}"
-        ranks = labrun.start(l, ["benchmarks/rank_bench.py", "loop", "--size", "1M", "--seconds", "8"],
-                             env={"MAESTRO_PATH_TIMEOUT": "30"})
-        ranks.wait_for_line(0, "READY", 120)
-        time.sleep(1.5)
-        l.link_down(1, 1)  # L1-s1: the 3->0 crossing's path via spine 1 blackholes
-        time.sleep(3)
-        l.link_up(1, 1)
-        res = result_of(ranks.wait(300))
+        res = loop_through_a_cut(l, "1M", 8, 3, 30)
     its = res["ranks"]
     assert all(it["ok"] for rank in its for it in rank), "every result stays exact"
     assert len(its[0]) > 100, f"only {len(its[0])} allreduces ran"
