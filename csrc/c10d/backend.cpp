@@ -317,6 +317,14 @@ std::shared_ptr<OpStaging> ProcessGroupMaestro::staging(const char* name) {
   return std::make_shared<OpStaging>(*staging_pool_, staging_mode_, getBoundDeviceId(), name);
 }
 
+void ProcessGroupMaestro::checked(const char* name, const std::function<void()>& checks) {
+  try {
+    checks();
+  } catch (const Error& e) {
+    reject(name, e.what());
+  }
+}
+
 void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
   std::string msg;
   {

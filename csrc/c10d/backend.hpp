@@ -213,12 +213,20 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::chrono::milliseconds timeout,
                                            std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
                                            std::shared_ptr<OpStaging> staging, Job job);
+  // gather (`gathers`) or scatter: `ones`, this rank's tensor (one), and
+  // on the root `lists` (one list of a tensor per rank).
+  c10::intrusive_ptr<::c10d::Work> rooted(bool gathers, std::vector<at::Tensor>& ones,
+                                          std::vector<std::vector<at::Tensor>>& lists, int64_t root_rank,
+                                          std::chrono::milliseconds timeout);
   // The host stand-ins of one call's tensors (MAESTRO_STAGING).
   std::shared_ptr<OpStaging> staging(const char* name);
   // An input check failed on this rank: abort the operation it would have
   // been on every rank (so no peer waits for it), then throw. The sequence
   // number is used up, so the ranks stay in step; this rank stays usable.
   [[noreturn]] void reject(const char* name, const std::string& why);
+  // Run a call's argument checks (and the staging of its tensors): an Error
+  // rejects the call (reject()).
+  void checked(const char* name, const std::function<void()>& checks);
   void workerLoop();
   void stopWorker(bool drain);
   // The engine, or an error naming `what` once the group was shut down

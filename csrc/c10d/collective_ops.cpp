@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <future>
+#include <tuple>
+#include <utility>
 
+#include "c10d/staging.hpp"
 #include "c10d/tensor_args.hpp"
 #include "common/error.h"
 
@@ -16,12 +19,31 @@ namespace c10d_glue {
 using collectives::DType;
 using collectives::ReduceOp;
 
+namespace {
+
+// The host stand-ins of a call's input and output tensor, checked as
+// tensors of one kind; of its input and output lists.
+std::pair<at::Tensor, at::Tensor> inOut(OpStaging& st, const at::Tensor& input, const at::Tensor& output) {
+  at::Tensor in = st.in(input), out = st.out(output);
+  checkTensor(in, "the input");
+  checkTensor(out, "the output");
+  checkSameKind(in, out, "the output");
+  return {in, out};
+}
+
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> inOut(OpStaging& st, const std::vector<at::Tensor>& inputs,
+                                                                  const std::vector<at::Tensor>& outputs) {
+  return {st.in(inputs), st.out(outputs)};
+}
+
+}  // namespace
+
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::Tensor>& tensors,
                                                                 const ::c10d::AllreduceOptions& opts) {
   auto st = staging("allreduce");
   std::vector<at::Tensor> host;
   Reduction op;
-  try {
+  checked("allreduce", [&] {
     MAESTRO_CHECK(tensors.size() == 1, "allreduce takes exactly one tensor per process (got ", tensors.size(), ")");
     // A staged tensor the ring reduces in place is copied in and out in
     // pieces that overlap its transfer (unless it must be scaled first).
@@ -37,9 +59,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce(std::vector<at::
       host = st->inout(tensors);
     checkOne(host, "allreduce");
     op = toReduction(opts.reduceOp, host[0].scalar_type());
-  } catch (const Error& e) {
-    reject("allreduce", e.what());
-  }
+  });
   at::Tensor tensor = host[0];
   collectives::StagedBuffer* pipeline = st->pipeline();  // lives as long as st, which outlives the job
   return enqueue(::c10d::OpType::ALLREDUCE, "maestro:all_reduce", opts.timeout, {tensors[0]}, {tensors[0]}, st,
@@ -57,7 +77,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
   auto st = staging("allreduce_coalesced");
   std::vector<at::Tensor> host;
   Reduction op;
-  try {
+  checked("allreduce_coalesced", [&] {
     host = st->inout(tensors);
     MAESTRO_CHECK(!host.empty(), "allreduce_coalesced needs at least one tensor");
     for (const auto& t : host) {
@@ -65,9 +85,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allreduce_coalesced(
       checkSameKind(host[0], t, "a tensor");
     }
     op = toReduction(opts.reduceOp, host[0].scalar_type());
-  } catch (const Error& e) {
-    reject("allreduce_coalesced", e.what());
-  }
+  });
   return enqueue(::c10d::OpType::ALLREDUCE_COALESCED, "maestro:all_reduce_coalesced", opts.timeout, tensors, tensors, st,
                  [this, tensors = host, op](uint64_t seq, Deadline deadline) {
                    int64_t total = 0;
@@ -93,15 +111,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::broadcast(std::vector<at::
                                                                 const ::c10d::BroadcastOptions& opts) {
   auto st = staging("broadcast");
   std::vector<at::Tensor> host;
-  try {
+  checked("broadcast", [&] {
     host = getRank() == opts.rootRank ? st->inout(tensors) : st->out(tensors);
     checkOne(host, "broadcast");
     MAESTRO_CHECK(opts.rootTensor == 0, "broadcast: rootTensor must be 0 (one tensor per process)");
     MAESTRO_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "broadcast: root rank ", opts.rootRank,
                   " is not a rank of this group of ", getSize());
-  } catch (const Error& e) {
-    reject("broadcast", e.what());
-  }
+  });
   at::Tensor tensor = host[0];
   int root = static_cast<int>(opts.rootRank);
   return enqueue(::c10d::OpType::BROADCAST, "maestro:broadcast", opts.timeout, {tensors[0]}, {tensors[0]}, st,
@@ -117,18 +133,12 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::_allgather_base(at::Tensor
                                                                         const ::c10d::AllgatherOptions& opts) {
   auto st = staging("all_gather_into_tensor");
   at::Tensor in, out;
-  try {
-    in = st->in(input);
-    out = st->out(output);
-    checkTensor(in, "the input");
-    checkTensor(out, "the output");
-    checkSameKind(in, out, "the output");
+  checked("all_gather_into_tensor", [&] {
+    std::tie(in, out) = inOut(*st, input, output);
     MAESTRO_CHECK(output.numel() == input.numel() * getSize(), "all_gather_into_tensor: the output has ",
                   output.numel(), " elements but must have world size (", getSize(), ") x input (", input.numel(),
                   ") = ", input.numel() * getSize());
-  } catch (const Error& e) {
-    reject("all_gather_into_tensor", e.what());
-  }
+  });
   return enqueue(::c10d::OpType::_ALLGATHER_BASE, "maestro:all_gather_into_tensor", opts.timeout, {output}, {input}, st,
                  [this, out, in](uint64_t seq, Deadline deadline) {
                    at::Tensor src = in.contiguous();  // read locally, never registered
@@ -150,15 +160,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather(std::vector<std:
                                                                 const ::c10d::AllgatherOptions& opts) {
   auto st = staging("allgather");
   std::vector<at::Tensor> ins, outs;
-  try {
+  checked("allgather", [&] {
     ins = st->in(inputs);
     checkOne(ins, "allgather");
     MAESTRO_CHECK(outputs.size() == 1, "allgather takes one output list per process (got ", outputs.size(), ")");
     outs = st->out(outputs[0]);
     checkList(outs, ins[0], getSize(), "allgather", "output");
-  } catch (const Error& e) {
-    reject("allgather", e.what());
-  }
+  });
   at::Tensor in = ins[0];
   return enqueue(::c10d::OpType::ALLGATHER, "maestro:all_gather", opts.timeout, outputs[0], {inputs[0]}, st,
                  [this, outs, in](uint64_t seq, Deadline deadline) {
@@ -179,19 +187,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::_reduce_scatter_base(at::T
   auto st = staging("reduce_scatter_tensor");
   at::Tensor in, out;
   Reduction op;
-  try {
-    in = st->in(input);
-    out = st->out(output);
-    checkTensor(in, "the input");
-    checkTensor(out, "the output");
-    checkSameKind(in, out, "the output");
+  checked("reduce_scatter_tensor", [&] {
+    std::tie(in, out) = inOut(*st, input, output);
     MAESTRO_CHECK(input.numel() == output.numel() * getSize(), "reduce_scatter_tensor: the input has ", input.numel(),
                   " elements but must have world size (", getSize(), ") x output (", output.numel(),
                   ") = ", output.numel() * getSize());
     op = toReduction(opts.reduceOp, input.scalar_type());
-  } catch (const Error& e) {
-    reject("reduce_scatter_tensor", e.what());
-  }
+  });
   return enqueue(::c10d::OpType::_REDUCE_SCATTER_BASE, "maestro:reduce_scatter_tensor", opts.timeout, {output}, {input}, st,
                  [this, out, in, op](uint64_t seq, Deadline deadline) {
                    at::Tensor src = op.source(in);
@@ -208,16 +210,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter(std::vector
   auto st = staging("reduce_scatter");
   std::vector<at::Tensor> houts, ins;
   Reduction op;
-  try {
+  checked("reduce_scatter", [&] {
     houts = st->out(outputs);
     checkOne(houts, "reduce_scatter");
     MAESTRO_CHECK(inputs.size() == 1, "reduce_scatter takes one input list per process (got ", inputs.size(), ")");
     ins = st->in(inputs[0]);
     checkList(ins, houts[0], getSize(), "reduce_scatter", "input", true, "the output");
     op = toReduction(opts.reduceOp, houts[0].scalar_type());
-  } catch (const Error& e) {
-    reject("reduce_scatter", e.what());
-  }
+  });
   at::Tensor out = houts[0];
   return enqueue(::c10d::OpType::REDUCE_SCATTER, "maestro:reduce_scatter", opts.timeout, {outputs[0]}, inputs[0], st,
                  [this, out, ins, op](uint64_t seq, Deadline deadline) {
@@ -262,7 +262,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
   auto st = staging("allgather_coalesced");
   std::vector<std::vector<at::Tensor>> outs;
   std::vector<at::Tensor> ins;
-  try {
+  checked("allgather_coalesced", [&] {
     ins = st->in(inputs);
     for (const auto& l : outputLists) outs.push_back(st->out(l));
     // torch's layout (as gloo's): outputLists[r][i] receives rank r's input i.
@@ -279,9 +279,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_coalesced(
                       " has ", outputLists[r][i].numel(), " elements but input ", i, " has ", inputs[i].numel());
       }
     }
-  } catch (const Error& e) {
-    reject("allgather_coalesced", e.what());
-  }
+  });
   std::vector<at::Tensor> all_outs;
   for (const auto& l : outputLists) all_outs.insert(all_outs.end(), l.begin(), l.end());
   return enqueue(::c10d::OpType::ALLGATHER_COALESCED, "maestro:all_gather_coalesced", opts.timeout, all_outs, inputs, st,
@@ -297,13 +295,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::allgather_into_tensor_coal
                                                                                   const ::c10d::AllgatherOptions& opts) {
   auto st = staging("all_gather_into_tensor_coalesced");
   std::vector<at::Tensor> outs, ins;
-  try {
-    ins = st->in(inputs);
-    outs = st->out(outputs);
+  checked("all_gather_into_tensor_coalesced", [&] {
+    std::tie(ins, outs) = inOut(*st, inputs, outputs);
     checkCoalesced(ins, &outs, getSize(), 1, "all_gather_into_tensor_coalesced");
-  } catch (const Error& e) {
-    reject("all_gather_into_tensor_coalesced", e.what());
-  }
+  });
   return enqueue(kAllgatherIntoTensorCoalesced, "maestro:all_gather_into_tensor_coalesced", opts.timeout, outputs, inputs, st,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> flat;  // contiguous, viewed flat
@@ -323,14 +318,11 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce_scatter_tensor_coal
   auto st = staging("reduce_scatter_tensor_coalesced");
   std::vector<at::Tensor> outs, ins;
   Reduction op;
-  try {
-    ins = st->in(inputs);
-    outs = st->out(outputs);
+  checked("reduce_scatter_tensor_coalesced", [&] {
+    std::tie(ins, outs) = inOut(*st, inputs, outputs);
     checkCoalesced(ins, &outs, 1, getSize(), "reduce_scatter_tensor_coalesced");
     op = toReduction(opts.reduceOp, ins[0].scalar_type());
-  } catch (const Error& e) {
-    reject("reduce_scatter_tensor_coalesced", e.what());
-  }
+  });
   return enqueue(kReduceScatterTensorCoalesced, "maestro:reduce_scatter_tensor_coalesced", opts.timeout, outputs, inputs, st,
                  [this, outs, ins, op](uint64_t seq, Deadline deadline) {
                    // Rank r's block: block r of every input, one after another.
@@ -364,16 +356,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce(std::vector<at::Ten
   auto st = staging("reduce");
   std::vector<at::Tensor> host;
   Reduction op;
-  try {
+  checked("reduce", [&] {
     // Only the root's tensor takes the result.
     host = getRank() == opts.rootRank ? st->inout(tensors) : st->in(tensors);
     checkOne(host, "reduce");
     MAESTRO_CHECK(opts.rootTensor == 0, "reduce: rootTensor must be 0 (one tensor per process)");
     checkRoot(opts.rootRank, getSize(), "reduce");
     op = toReduction(opts.reduceOp, host[0].scalar_type());
-  } catch (const Error& e) {
-    reject("reduce", e.what());
-  }
+  });
   at::Tensor tensor = host[0];
   int root = static_cast<int>(opts.rootRank);
   return enqueue(::c10d::OpType::REDUCE, "maestro:reduce", opts.timeout, {tensors[0]}, {tensors[0]}, st,
@@ -396,50 +386,48 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::reduce(std::vector<at::Ten
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                              std::vector<at::Tensor>& inputs,
                                                              const ::c10d::GatherOptions& opts) {
-  const int root = static_cast<int>(opts.rootRank);
-  auto st = staging("gather");
-  std::vector<at::Tensor> ins, outs;  // only the root has outputs; elsewhere torch passes none
-  try {
-    ins = st->in(inputs);
-    checkOne(ins, "gather");
-    outs = rootList(outputs, opts.rootRank, getRank(), getSize(), ins[0], "the input", "gather", "output",
-                    [&](std::vector<at::Tensor>& list) { return st->out(list); });
-  } catch (const Error& e) {
-    reject("gather", e.what());
-  }
-  at::Tensor in = ins[0];
-  return enqueue(::c10d::OpType::GATHER, "maestro:gather", opts.timeout,
-                 getRank() == root ? outputs[0] : std::vector<at::Tensor>{}, {inputs[0]}, st,
-                 [this, outs, in, root](uint64_t seq, Deadline deadline) {
-                   PinnedList src(this, {in}, true), dst(this, outs, false);
-                   collectives::gather(*engine_, seq, src.windows[0], dst.windows, in.numel(),
-                                       toDType(in.scalar_type()), root, deadline);
-                   dst.copyBack();
-                 });
+  return rooted(true, inputs, outputs, opts.rootRank, opts.timeout);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::scatter(std::vector<at::Tensor>& outputs,
                                                               std::vector<std::vector<at::Tensor>>& inputs,
                                                               const ::c10d::ScatterOptions& opts) {
-  const int root = static_cast<int>(opts.rootRank);
-  auto st = staging("scatter");
-  std::vector<at::Tensor> houts, ins;  // only the root has inputs
-  try {
-    houts = st->out(outputs);
-    checkOne(houts, "scatter");
-    ins = rootList(inputs, opts.rootRank, getRank(), getSize(), houts[0], "the output", "scatter", "input",
-                   [&](std::vector<at::Tensor>& list) { return st->in(list); });
-  } catch (const Error& e) {
-    reject("scatter", e.what());
-  }
-  at::Tensor out = houts[0];
-  return enqueue(::c10d::OpType::SCATTER, "maestro:scatter", opts.timeout, {outputs[0]},
-                 getRank() == root ? inputs[0] : std::vector<at::Tensor>{}, st,
-                 [this, out, ins, root](uint64_t seq, Deadline deadline) {
-                   PinnedList src(this, ins, true), dst(this, {out}, false);
-                   collectives::scatter(*engine_, seq, src.windows, dst.windows[0], out.numel(),
-                                        toDType(out.scalar_type()), root, deadline);
-                   dst.copyBack();
+  return rooted(false, outputs, inputs, opts.rootRank, opts.timeout);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::rooted(bool gathers, std::vector<at::Tensor>& ones,
+                                                             std::vector<std::vector<at::Tensor>>& lists,
+                                                             int64_t root_rank, std::chrono::milliseconds timeout) {
+  const char* name = gathers ? "gather" : "scatter";
+  const int root = static_cast<int>(root_rank);
+  auto st = staging(name);
+  // The rank's own tensor is read (gather) or written (scatter); the root's
+  // list the other way round. Elsewhere torch passes no list.
+  auto stageOne = [&](std::vector<at::Tensor>& v) { return gathers ? st->in(v) : st->out(v); };
+  auto stageList = [&](std::vector<at::Tensor>& v) { return gathers ? st->out(v) : st->in(v); };
+  std::vector<at::Tensor> one, list;
+  checked(name, [&] {
+    one = stageOne(ones);
+    checkOne(one, name);
+    list = rootList(lists, root_rank, getRank(), getSize(), one[0], gathers ? "the input" : "the output", name,
+                    gathers ? "output" : "input", stageList);
+  });
+  const at::Tensor t = one[0];
+  const std::vector<at::Tensor> root_side = getRank() == root ? lists[0] : std::vector<at::Tensor>{};
+  return enqueue(gathers ? ::c10d::OpType::GATHER : ::c10d::OpType::SCATTER,
+                 gathers ? "maestro:gather" : "maestro:scatter", timeout, gathers ? root_side : ones,
+                 gathers ? ones : root_side, st, [this, t, list, root, gathers](uint64_t seq, Deadline deadline) {
+                   PinnedList mine(this, {t}, gathers), theirs(this, list, !gathers);
+                   const DType dtype = toDType(t.scalar_type());
+                   if (gathers) {
+                     collectives::gather(*engine_, seq, mine.windows[0], theirs.windows, t.numel(), dtype, root,
+                                         deadline);
+                     theirs.copyBack();
+                   } else {
+                     collectives::scatter(*engine_, seq, theirs.windows, mine.windows[0], t.numel(), dtype, root,
+                                          deadline);
+                     mine.copyBack();
+                   }
                  });
 }
 
@@ -448,16 +436,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall(std::vector<at::T
                                                                const ::c10d::AllToAllOptions& opts) {
   auto st = staging("all_to_all");
   std::vector<at::Tensor> outs, ins;
-  try {
-    ins = st->in(inputs);
-    outs = st->out(outputs);
+  checked("all_to_all", [&] {
+    std::tie(ins, outs) = inOut(*st, inputs, outputs);
     MAESTRO_CHECK(!ins.empty(), "all_to_all: the input list is empty");
     checkList(ins, ins[0], getSize(), "all_to_all", "input", false);
     checkList(outs, ins[0], getSize(), "all_to_all", "output", false);
     checkToItself(ins[getRank()].numel(), outs[getRank()].numel(), "all_to_all");
-  } catch (const Error& e) {
-    reject("all_to_all", e.what());
-  }
+  });
   return enqueue(::c10d::OpType::ALLTOALL, "maestro:all_to_all", opts.timeout, outputs, inputs, st,
                  [this, outs, ins](uint64_t seq, Deadline deadline) {
                    std::vector<at::Tensor> sources;
@@ -485,18 +470,12 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::alltoall_base(at::Tensor& 
   auto st = staging("all_to_all_single");
   std::vector<uint64_t> sends, recvs;
   at::Tensor in, out;
-  try {
-    in = st->in(input);
-    out = st->out(output);
-    checkTensor(in, "the input");
-    checkTensor(out, "the output");
-    checkSameKind(in, out, "the output");
+  checked("all_to_all_single", [&] {
+    std::tie(in, out) = inOut(*st, input, output);
     sends = splitCounts(inputSplitSizes, input, getSize(), "input");
     recvs = splitCounts(outputSplitSizes, output, getSize(), "output");
     checkToItself(sends[getRank()], recvs[getRank()], "all_to_all_single");
-  } catch (const Error& e) {
-    reject("all_to_all_single", e.what());
-  }
+  });
   return enqueue(::c10d::OpType::ALLTOALL_BASE, "maestro:all_to_all_single", opts.timeout, {output}, {input}, st,
                  [this, out, in, sends, recvs](uint64_t seq, Deadline deadline) {
                    at::Tensor source = in.numel() && out.numel() && in.is_alias_of(out) ? in.clone() : in;
