@@ -234,7 +234,8 @@ std::string EngineCore::describeSetup() const {
        << "least " << config_.min_chunk_size << " bytes)";
   os << ", discovery " << mesh_.discovery << (mesh_.discovery_why.empty() ? "" : " (" + mesh_.discovery_why + ")");
   os << ", path hunting " << (!hunter_.enabled() ? "off" : owner_ ? "on (the parent group re-opens)" : "on");
-  if (mesh_.transport_kind == "tcp") os << ", congestion control " << mesh_.congestion_why;
+  if (transport::capabilities(mesh_.transport_kind).congestion_control)
+    os << ", congestion control " << mesh_.congestion_why;
   os << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
   return os.str();
 }

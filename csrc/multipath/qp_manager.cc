@@ -219,7 +219,7 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
     mesh.discovery = config.discovery;
     // The route survey: needed to decide discovery=auto, and to count the
     // core hops for paths=auto where discovery runs.
-    const bool can_probe = kind == "tcp" && !one_host;
+    const bool can_probe = transport::capabilities(kind).route_probes && !one_host;
     // MAESTRO_WEIGHTS names one weight per path: auto keeps one path per vNIC.
     const bool count_spines = config.paths == 0 && config.weights.empty();
     RouteSurvey survey;
@@ -229,7 +229,8 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
       bool any = false;
       for (const auto& v : allGather("routed", survey.routed() ? "1" : "0")) any = any || v == "1";
       mesh.discovery = any ? "ttl" : "off";
-      if (kind != "tcp") mesh.discovery_why = "the verbs transport cannot probe routes";
+      if (!transport::capabilities(kind).route_probes)
+        mesh.discovery_why = strcat("the ", kind, " transport cannot probe routes");
       else if (one_host) mesh.discovery_why = "every rank is on this host";
       else if (any) mesh.discovery_why = "routers between the ranks answered probes";
       else mesh.discovery_why = survey.why;
@@ -538,7 +539,7 @@ std::map<int, PeerPaths> QpManager::connectPairs(const Config& config, Mesh& mes
   }
   // TCP: a socket per path to each peer, and a few for route probes and
   // reconnects in flight.
-  if (mesh.transport_kind == "tcp" && !out.empty())
+  if (transport::capabilities(mesh.transport_kind).descriptor_per_path && !out.empty())
     net::reserveDescriptors(out.size() * P + 16, strcat(out.size(), " peer(s) with ", P, " paths each"));
   // Which transport path id each path of each peer is: the path index, or
   // under discovery the chosen candidate (connected from its probed port).
@@ -651,7 +652,7 @@ PeerPaths QpManager::connectPairDirectly(const Config& config, Mesh& mesh, int p
   PeerPaths out;
   out.initiator = rank_ < peer;
   out.plain(mesh.paths);
-  if (mesh.transport_kind == "tcp")
+  if (transport::capabilities(mesh.transport_kind).descriptor_per_path)
     net::reserveDescriptors(mesh.paths + 16, strcat("rank ", peer, "'s ", mesh.paths, " paths"));
   std::vector<int> up;
   if (out.initiator) {

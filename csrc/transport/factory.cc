@@ -9,6 +9,16 @@
 namespace maestro {
 namespace transport {
 
+Capabilities capabilities(const std::string& kind) {
+  Capabilities c;
+  if (kind == "tcp") {
+    c.route_probes = true;  // TTL-limited probes from the port a path then connects from
+    c.descriptor_per_path = true;
+    c.congestion_control = true;
+  }
+  return c;
+}
+
 std::unique_ptr<Transport> makeTransport(const std::string& kind, const TransportOptions& options) {
   if (kind == "tcp") return std::make_unique<tcp::TcpTransport>(options);
   if (kind == "verbs") {

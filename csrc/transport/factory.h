@@ -27,6 +27,15 @@ struct TransportOptions {
 // kind: "tcp" or "verbs".
 std::unique_ptr<Transport> makeTransport(const std::string& kind, const TransportOptions& options);
 
+// What a kind of transport offers the layers above, so that they ask for a
+// capability and never compare transport names.
+struct Capabilities {
+  bool route_probes = false;        // its paths' routes can be probed and chosen by source port (discovery)
+  bool descriptor_per_path = false; // each path holds a file descriptor (RLIMIT_NOFILE must allow them)
+  bool congestion_control = false;  // each path runs a congestion control the group chooses
+};
+Capabilities capabilities(const std::string& kind);
+
 // MAESTRO_TRANSPORT=auto: "verbs" when this build has the verbs transport and
 // an RDMA device has a RoCE GID for every given vNIC address, else "tcp".
 // `why` says how the choice was made (printed at MAESTRO_DEBUG=INFO).

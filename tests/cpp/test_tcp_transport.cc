@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/net.h"
+#include "transport/factory.h"
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/region_table.h"
@@ -129,6 +130,13 @@ class RawPeer : public ::testing::Test {
 };
 
 }  // namespace
+
+// The layers above ask for a capability, not for a transport's name.
+TEST(TransportCapabilities, TcpProbesRoutesAndHoldsADescriptorPerPathVerbsNeither) {
+  const transport::Capabilities tcp = transport::capabilities("tcp"), verbs = transport::capabilities("verbs");
+  EXPECT_TRUE(tcp.route_probes && tcp.descriptor_per_path && tcp.congestion_control);
+  EXPECT_FALSE(verbs.route_probes || verbs.descriptor_per_path || verbs.congestion_control);
+}
 
 TEST_F(RawPeer, HelloWithWrongSecretIsRefused) {
   EXPECT_EQ(static_cast<uint32_t>(transport::tcp::HelloStatus::kBadSecret), hello(0, 0, false));
