@@ -39,6 +39,8 @@ std::string peerName(int peer) { return peer < 0 ? std::string("any rank") : str
 }  // namespace
 
 struct PointToPoint::Send {
+  Send(int peer_, uint32_t tag_, const Window& buffer_, uint64_t bytes_, Deadline deadline_, Done done_)
+      : peer(peer_), tag(tag_), buffer(buffer_), bytes(bytes_), deadline(deadline_), done(std::move(done_)) {}
   int peer;
   uint32_t tag;
   Window buffer;
@@ -110,7 +112,7 @@ void PointToPoint::ensureThread() {
 void PointToPoint::send(int peer, uint32_t tag, const Window& buffer, uint64_t bytes, Deadline deadline, Done done) {
   MAESTRO_CHECK(peer >= 0 && peer < n_, "send: destination rank ", peer, " is not a rank of this group of ", n_);
   MAESTRO_CHECK(peer != engine_.rank(), "send: destination rank ", peer, " is this rank; a rank cannot send to itself");
-  auto s = std::make_shared<Send>(Send{peer, tag, buffer, bytes, deadline, std::move(done)});
+  auto s = std::make_shared<Send>(peer, tag, buffer, bytes, deadline, std::move(done));
   {
     std::lock_guard<std::mutex> lock(mu_);
     MAESTRO_CHECK(!stopping_, "send: ", stop_why_);
