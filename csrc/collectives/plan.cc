@@ -36,10 +36,15 @@ std::vector<Span> equalBlocks(uint64_t bytes, int n) {
   return out;
 }
 
-Segmentation segmentBlocks(const std::vector<Span>& blocks, uint64_t target_bytes, uint32_t max_segments) {
-  MAESTRO_CHECK(max_segments >= 1 && target_bytes >= 64, "bad segmentation parameters");
+uint64_t largestBlock(const std::vector<Span>& blocks) {
   uint64_t largest = 0;
   for (const auto& b : blocks) largest = std::max(largest, b.bytes);
+  return largest;
+}
+
+Segmentation segmentBlocks(const std::vector<Span>& blocks, uint64_t target_bytes, uint32_t max_segments) {
+  MAESTRO_CHECK(max_segments >= 1 && target_bytes >= 64, "bad segmentation parameters");
+  const uint64_t largest = largestBlock(blocks);
   Segmentation s;
   if (largest == 0) {
     s.per_block = 0;

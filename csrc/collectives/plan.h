@@ -33,6 +33,8 @@ struct Segmentation {
   uint64_t segment_bytes = 0;  // every segment but a block's last
 };
 
+// The longest of the blocks, in bytes.
+uint64_t largestBlock(const std::vector<Span>& blocks);
 // G segments of about target_bytes, at most max_segments per block. Segment
 // sizes are multiples of 64 bytes (of every element size), so segments and
 // the chunks inside them always hold whole elements.

@@ -192,10 +192,8 @@ Ring::Ring(OpContext& ctx, const RingPlan& plan)
       steps_(rs_steps_ + ag_steps_),
       W_(ringTagWindow()) {
   const Config& config = engine_.config();
-  uint64_t largest = 0;
-  for (const Span& b : plan.blocks) largest = std::max(largest, b.bytes);
-  const uint64_t target = ringSegmentBytes(largest, config.segment_size, config.chunk_size, config.min_chunk_size,
-                                           engine_.paths(), ringSpansHosts(engine_));
+  const uint64_t target = ringSegmentBytes(largestBlock(plan.blocks), config.segment_size, config.chunk_size,
+                                           config.min_chunk_size, engine_.paths(), ringSpansHosts(engine_));
   seg_ = segmentBlocks(plan.blocks, target, std::max<uint32_t>(1, W_ / std::max(1u, steps_)));
   G_ = seg_.per_block;
   total_ = steps_ * G_;

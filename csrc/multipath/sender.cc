@@ -101,7 +101,7 @@ void EngineCore::post(Peer& peer, int path, ChunkDesc* c) {
   }
   slot.inflight++;
   op->outstanding_++;
-  if (op->taken_.size() <= static_cast<size_t>(path)) op->taken_.resize(static_cast<size_t>(path) + 1, 0);
+  if (op->taken_.size() < peer.paths.size()) op->taken_.resize(peer.paths.size(), 0);  // once per message
   op->taken_[static_cast<size_t>(path)]++;
   transport::WriteRequest req;
   req.local = op->src_;
