@@ -97,7 +97,7 @@ void EngineCore::post(Peer& peer, int path, ChunkDesc* c) {
   c->posted = Clock::now();
   if (slot.inflight == 0) {
     slot.last_progress = c->posted;
-    slot.rate.busy(c->posted);
+    slot.rate.busy();
   }
   slot.inflight++;
   op->outstanding_++;
@@ -186,7 +186,7 @@ void EngineCore::onWriteComplete(int peer, int transport_path, uint64_t wr_id, b
         // were withdrawn since: then it was acknowledged before the silence
         // that set the path aside, and only the probe's answer tells.
         if (slot.fenced == 0) slot.doubted = false;
-        slot.rate.completed(c->length, now);
+        slot.rate.completed(c->length, now, slot.inflight + static_cast<int>(slot.queue.size()));
       }
       slot.confirmUpTo(c->posted);
       slot.completion = ewma(slot.completion, seconds(now - c->posted));

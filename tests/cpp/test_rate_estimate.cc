@@ -13,51 +13,70 @@ Clock::time_point at(double seconds) {
   return Clock::time_point{} + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-TEST(RateEstimate, ASampleCoversAtLeastItsMinimumBusyTimeAndTwoChunks) {
+TEST(RateEstimate, ASampleIsTheRateBetweenCompletionsWhileThePathHoldsChunks) {
   RateEstimate r;
-  r.busy(at(10.0));
-  r.completed(1000, at(10.001));  // 1 ms busy: too short to be a sample
+  r.busy();
+  r.completed(1000, at(10.010), 2);  // a round trip after the post: the sample starts here
   EXPECT_EQ(0.0, r.value());
-  EXPECT_FALSE(r.stale(at(10.001))) << "nothing measured is not stale";
-  r.completed(3000, at(10.004));  // 4 ms, 4000 bytes in all
-  EXPECT_DOUBLE_EQ(1e6, r.value());
-  EXPECT_FALSE(r.stale(at(10.004)));
-  // One chunk alone, however long it took, is its latency as much as the
-  // path's rate: no sample.
-  RateEstimate lone;
-  lone.busy(at(0.0));
-  lone.completed(65536, at(0.020));
-  EXPECT_EQ(0.0, lone.value());
-  lone.completed(65536, at(0.021));  // the second chunk makes it one
-  EXPECT_DOUBLE_EQ(131072 / 0.021, lone.value());
+  r.completed(2000, at(10.012), 1);  // 2 ms: too short to be a sample
+  EXPECT_EQ(0.0, r.value());
+  EXPECT_FALSE(r.stale(at(10.012))) << "nothing measured is not stale";
+  r.completed(2000, at(10.014), 1);  // 4 ms, 4000 bytes since the first completion
+  EXPECT_DOUBLE_EQ(1e6, r.value()) << "not 5000 bytes over the 14 ms since the post";
+  EXPECT_FALSE(r.stale(at(10.014)));
+  // Two chunks at least: one interval alone may be a chunk slow for once.
+  RateEstimate one;
+  one.busy();
+  one.completed(65536, at(0.001), 1);
+  one.completed(65536, at(0.021), 1);
+  EXPECT_EQ(0.0, one.value());
+  one.completed(65536, at(0.022), 0);  // the second makes it one; the path is then empty
+  EXPECT_DOUBLE_EQ(131072 / 0.021, one.value());
+}
+
+// A path that holds one chunk at a time measures its round trip, not its
+// rate: it gives no sample, however many chunks it carries.
+TEST(RateEstimate, ChunksThatHadThePathAloneGiveNoSample) {
+  RateEstimate r;
+  for (int i = 0; i < 20; ++i) {
+    r.busy();
+    r.completed(65536, at(0.010 * (i + 1)), 0);
+  }
+  EXPECT_EQ(0.0, r.value());
 }
 
 TEST(RateEstimate, IdleGapsDoNotCount) {
   RateEstimate r;
-  r.busy(at(1.0));
-  r.completed(2000, at(1.002));
-  r.completed(2000, at(1.004));  // 1e6 B/s
-  // Idle for 50 ms, then busy again: the next sample starts at the post.
-  r.busy(at(1.054));
-  r.completed(2000, at(1.056));
-  r.completed(2000, at(1.058));  // 1e6 B/s again, not 4000 B over 54 ms
+  r.busy();
+  r.completed(2000, at(1.000), 2);
+  r.completed(2000, at(1.002), 1);
+  r.completed(2000, at(1.004), 0);  // 1e6 B/s; the path is then empty
+  // Idle for 50 ms, then busy again: the next sample starts at the first
+  // completion after the gap.
+  r.busy();
+  r.completed(2000, at(1.056), 2);
+  r.completed(2000, at(1.058), 1);
+  r.completed(2000, at(1.060), 0);  // 1e6 B/s again, not 4000 B over 56 ms
   EXPECT_DOUBLE_EQ(1e6, r.value());
-  // A lone chunk's spell leaves nothing behind for the next one.
-  r.busy(at(2.0));
-  r.completed(2000, at(2.001));
-  r.busy(at(3.0));
-  r.completed(2000, at(3.002));
-  r.completed(2000, at(3.004));
+  // A spell the path emptied mid-sample leaves nothing behind for the next.
+  r.busy();
+  r.completed(2000, at(2.000), 1);
+  r.completed(2000, at(2.001), 0);
+  r.busy();
+  r.completed(2000, at(3.000), 2);
+  r.completed(2000, at(3.002), 1);
+  r.completed(2000, at(3.004), 0);
   EXPECT_DOUBLE_EQ(1e6, r.value());
 }
 
 TEST(RateEstimate, FreshSamplesAreAveraged) {
   RateEstimate r;
-  r.busy(at(0.0));
-  r.completed(2000, at(0.002));
-  r.completed(2000, at(0.004));   // 1e6
-  r.completed(6000, at(0.006));
-  r.completed(6000, at(0.008));  // 3e6: 1e6 + 0.2 * 2e6
+  r.busy();
+  r.completed(2000, at(0.000), 4);
+  r.completed(2000, at(0.002), 3);
+  r.completed(2000, at(0.004), 2);  // 1e6
+  r.completed(6000, at(0.006), 1);
+  r.completed(6000, at(0.008), 1);  // 3e6: 1e6 + 0.2 * 2e6
   EXPECT_DOUBLE_EQ(1.4e6, r.value());
 }
 
@@ -65,26 +84,29 @@ TEST(RateEstimate, FreshSamplesAreAveraged) {
 // next sample after that starts a new average.
 TEST(RateEstimate, AStaleEstimateIsNotPlannedWithAndIsReplaced) {
   RateEstimate r;
-  r.busy(at(0.0));
-  r.completed(2000, at(0.010));
-  r.completed(2000, at(0.020));  // two slow chunks: 2e5 B/s
+  r.busy();
+  r.completed(2000, at(0.000), 2);
+  r.completed(2000, at(0.010), 1);
+  r.completed(2000, at(0.020), 0);  // two slow chunks: 2e5 B/s
   EXPECT_FALSE(r.stale(at(0.020 + RateEstimate::kStale / 2)));
   // No sample since: the scheduler sees a path not measured yet.
   EXPECT_TRUE(r.stale(at(0.020 + RateEstimate::kStale)));
   EXPECT_DOUBLE_EQ(2e5, r.value()) << "statistics keep the last estimate";
   // Its share again, at its real rate: a new estimate, not 2e5 averaged in.
-  r.busy(at(1.0));
-  r.completed(20000, at(1.002));
-  r.completed(20000, at(1.004));
+  r.busy();
+  r.completed(20000, at(1.000), 2);
+  r.completed(20000, at(1.002), 1);
+  r.completed(20000, at(1.004), 0);
   EXPECT_DOUBLE_EQ(1e7, r.value());
   EXPECT_FALSE(r.stale(at(1.004)));
 }
 
 TEST(RateEstimate, ResetForgetsEverything) {
   RateEstimate r;
-  r.busy(at(0.0));
-  r.completed(2000, at(0.002));
-  r.completed(2000, at(0.004));
+  r.busy();
+  r.completed(2000, at(0.000), 2);
+  r.completed(2000, at(0.002), 1);
+  r.completed(2000, at(0.004), 0);
   ASSERT_GT(r.value(), 0.0);
   r.reset();
   EXPECT_EQ(0.0, r.value());
