@@ -109,15 +109,21 @@ class Weighted : public Scheduler {
 // each path's finish time estimated from its chunks in flight and its
 // measured rate.
 //
-// Estimates of equal paths differ by 10-20 % on the lab (23-28 MB/s on
-// 25 MB/s links; a chunk's progress is judged from its post), and with one
-// or two chunks per path and message (mid-size messages, a pipelined ring)
-// acting on such differences costs a whole chunk time: a second chunk of a
-// message behind another on one path while a path sits idle, or the path
-// that looks fastest taking a third more of the chunks than the one that
-// looks slowest. So finish times within the margin count as equal (paths
-// take turns), and a message goes one chunk per path before any path takes
-// a second.
+// Without an offer (a message's chunks placed on paths with room), the
+// paths take turns: finish times estimated there are too coarse to act on.
+// Estimates of equal paths differ by 2 times and more (medians of 12 to
+// 28 MB/s in one run on the lab's 25 MB/s links), and a path's chunk in flight may be sent already
+// and only wait for its acknowledgement. Acting on such differences (the
+// earliest estimated finish, even within a margin) put a second chunk
+// behind another while a path sat idle, or gave the path that looked
+// fastest a third more of the chunks: a 1 MiB allreduce (a pipelined ring
+// of one-chunk messages) reached 0.87 of the limit where taking turns
+// reached 0.94, as round_robin does. So the turn skips only a path whose
+// estimate is under half the best one (kSlow), a path that holds more
+// chunks of the message than another, and, while several chunks wait, a
+// path the tail rule keeps out. A lone waiting chunk (a one-chunk message)
+// takes the next path in turn. When the turn finds none, the earliest
+// estimated finish decides, within kMargin, and the tail rule with it.
 class Adaptive : public Scheduler {
  public:
   const char* name() const override { return "adaptive"; }
@@ -157,10 +163,27 @@ class Adaptive : public Scheduler {
       cursor_ = (offer + 1) % n;
       return offer;
     }
-    // Without an offer: among the paths with room, those without a chunk of
-    // the message; among them, those within the margin of the earliest
-    // finish, in turn. The first the rule lets take the chunk takes it.
+    // Without an offer: in turn, among the paths with room that hold the
+    // fewest chunks of the message and are not slow, the first the tail
+    // rule lets take it (asked only while several chunks wait).
     auto level = [&](int p) { return paths[p].message_chunks > 0 ? 1 : 0; };
+    int lowest = 1;
+    double top = 0;
+    for (int p = 0; p < n; ++p)
+      if (room(p)) lowest = std::min(lowest, level(p));
+    for (int p = 0; p < n; ++p)
+      if (room(p) && level(p) == lowest) top = std::max(top, rate(paths[p]));
+    auto slow = [&](int p) { return rate(paths[p]) > 0 && rate(paths[p]) < kSlow * top; };
+    for (int k = 0; k < n; ++k) {
+      const int p = (cursor_ + k) % n;
+      if (room(p) && level(p) == lowest && !slow(p) && (paths[p].inflight <= 1 || passes(p))) {
+        cursor_ = (p + 1) % n;
+        return p;
+      }
+    }
+    // None: among the paths with room, those with the fewest chunks of the
+    // message; among them, those within the margin of the earliest finish,
+    // in turn. The first the rule lets take the chunk takes it.
     bool tried[kMaxPaths] = {};
     for (;;) {
       int best_level = -1;
@@ -194,6 +217,9 @@ class Adaptive : public Scheduler {
   // later (within 1.25 times); a path is kept out only if the others would
   // finish every queued chunk within this fraction of its own finish time.
   static constexpr double kMargin = 0.8;
+  // A path whose estimate is under this fraction of the best one is skipped
+  // in the turn (a path not measured, or stale, is not).
+  static constexpr double kSlow = 0.5;
 
   // The rate planned with: none while the estimate is stale.
   static double rate(const PathView& v) { return v.rate_stale ? 0.0 : v.throughput; }
