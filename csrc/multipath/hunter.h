@@ -5,8 +5,8 @@
 // ECMP nothing moves a path later: when background traffic heats the spine
 // one path hashed onto, that path stays slow for as long as the traffic
 // lasts (the adaptive scheduler gives it less, but the pair loses its share
-// of the fabric). The hunter watches every path's throughput against its
-// siblings'; a path below `hunt_ratio` of their median for `hunt_after`
+// of the fabric). The hunter watches every path's delivery rate while busy
+// (RateEstimate::busyTotals, over each look) against its siblings'; a path below `hunt_ratio` of their median for `hunt_after`
 // seconds of busy time more than it was above it is re-opened from a source port whose
 // route (probed with discovery's TTL-limited SYNs on that exact 5-tuple)
 // uses a core hop no other path of the peer uses -- or, without discovery,
@@ -56,7 +56,7 @@ struct HuntState {
 struct HuntSample {
   bool busy = false;      // carried data (or held chunks) since the last look
   bool usable = false;    // up, not in doubt, not being re-opened
-  double throughput = 0;  // bytes/s while busy (0: no sample yet)
+  double throughput = 0;  // bytes/s while busy since the last look (0: none delivered)
 };
 
 class Hunter {

@@ -8,7 +8,19 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
+void RateEstimate::busy(Clock::time_point now) {
+  started_ = false;
+  if (busy_) busy_totals_.seconds += seconds(now - spell_);  // its chunks were queued, not yet posted
+  busy_ = true;
+  spell_ = now;
+}
+
 void RateEstimate::completed(uint64_t bytes, Clock::time_point now, int remaining) {
+  busy_totals_.bytes += bytes;
+  if (remaining == 0 && busy_) {
+    busy_totals_.seconds += seconds(now - spell_);
+    busy_ = false;
+  }
   if (!started_) {
     // The first completion of a spell (a round trip after its post): the
     // sample starts here if the path still holds chunks.
@@ -31,6 +43,12 @@ void RateEstimate::completed(uint64_t bytes, Clock::time_point now, int remainin
     chunks_ = 0;
   }
   if (remaining == 0) started_ = false;  // the path is empty: the spell ends
+}
+
+RateEstimate::Busy RateEstimate::busyTotals(Clock::time_point now) const {
+  Busy b = busy_totals_;
+  if (busy_ && now > spell_) b.seconds += seconds(now - spell_);
+  return b;
 }
 
 bool RateEstimate::stale(Clock::time_point now) const { return rate_ > 0 && seconds(now - sampled_) >= kStale; }

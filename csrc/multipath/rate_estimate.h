@@ -47,9 +47,9 @@ class RateEstimate {
   static constexpr double kStale = 0.1;     // seconds: how long an estimate is planned with after its last sample
   static constexpr double kGain = 0.2;      // weight of a new sample in the average
 
-  // The path went from idle to busy (its first chunk in flight): no sample
-  // spans the gap.
-  void busy() { started_ = false; }
+  // The path went from idle to busy at `now` (its first chunk in flight):
+  // no sample spans the gap.
+  void busy(Clock::time_point now);
   // A chunk of `bytes` completed at `now`, leaving `remaining` chunks in
   // flight or queued on the path.
   void completed(uint64_t bytes, Clock::time_point now, int remaining);
@@ -63,6 +63,19 @@ class RateEstimate {
   // path as not measured.
   bool stale(Clock::time_point now) const;
 
+  // Totals since the connection opened: the bytes completed, and the
+  // seconds the path held chunks (the spell under way counted up to `now`).
+  // Over an interval, their quotient is the path's delivery rate while
+  // busy, round trips and all: what path hunting compares. Unlike the
+  // estimate, every path that carried chunks has one -- a fast path that
+  // delivers each chunk before the next is posted too, so that a slow path
+  // beside it is seen slow.
+  struct Busy {
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  Busy busyTotals(Clock::time_point now) const;
+
  private:
   double rate_ = 0;
   Clock::time_point sampled_{};  // when rate_ took its last sample
@@ -70,6 +83,9 @@ class RateEstimate {
   Clock::time_point mark_{};     // the completion the current sample starts at
   uint64_t bytes_ = 0;           // bytes completed since mark_
   int chunks_ = 0;               // chunks completed since mark_
+  bool busy_ = false;            // the path holds chunks (since spell_)
+  Clock::time_point spell_{};
+  Busy busy_totals_;             // up to the spell under way
 };
 
 }  // namespace multipath

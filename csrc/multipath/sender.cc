@@ -97,7 +97,7 @@ void EngineCore::post(Peer& peer, int path, ChunkDesc* c) {
   c->posted = Clock::now();
   if (slot.inflight == 0) {
     slot.last_progress = c->posted;
-    slot.rate.busy();
+    slot.rate.busy(c->posted);
   }
   slot.inflight++;
   op->outstanding_++;
