@@ -388,8 +388,9 @@ std::vector<Knob> routeKnobs() {
        true, [](const Config& c) { return c.hunt; },
        [](Config& c, const std::string& v) { c.hunt = oneOf("MAESTRO_HUNT", v, {"auto", "on", "off"}); }},
       {"hunt_ratio", "MAESTRO_HUNT_RATIO", "0.6",
-       "path hunting: a path is slow while its throughput is below this share of its siblings' median", true,
-       [](const Config& c) { return strcat(c.hunt_ratio); },
+       "path hunting: a path is slow while its delivery rate while busy is below this share of its siblings' "
+       "median",
+       true, [](const Config& c) { return strcat(c.hunt_ratio); },
        [](Config& c, const std::string& v) { c.hunt_ratio = parseFraction("MAESTRO_HUNT_RATIO", v, 0.05, 0.95); }},
       {"hunt_after", "MAESTRO_HUNT_AFTER", "3",
        "path hunting: seconds of busy time a path must be slow, more than it was fine meanwhile, before it is "
