@@ -184,11 +184,18 @@ def cmd_sweep(args):
             fn()  # warm-up: registration, connections ramp-up
             ok = torch.tensor([float(exact())])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
+            cpu0 = time.process_time()  # every thread of this rank: the backend's own included
             times = timed(fn, g, iterations_for(size, args.budget, 50e6))
+            cpu = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
+            cpus = [torch.zeros(1, dtype=torch.float64) for _ in range(n)]
+            dist.all_gather(cpus, cpu)  # over the world group (bookkeeping)
             med = statistics.median(times)
             rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
                          "busbw_GBps": size / med / 1e9 * factor, "iters": len(times),
-                         "times": times, "exact": bool(ok.item())})
+                         "times": times, "exact": bool(ok.item()),
+                         # per rank: CPU seconds over the timed iterations (their barriers
+                         # included) per GB of messages (bytes x iterations)
+                         "cpu_s_per_GB": [c.item() / (size * len(times) / 1e9) for c in cpus]})
             log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw"
                 + ("" if ok.item() else "  WRONG RESULT"))
     emit({"collective": args.collective, "world": n, "rows": rows, "routes": routes})

@@ -253,8 +253,15 @@ def sec_collectives(rec, out):
                        + [g[0] if g else "-", best / g[1] if g and best else "-",
                           bw["single"] / bw["gloo"] if "single" in bw and "gloo" in bw else "-"])
         parts.append(f"**{key}** ({ecmp_settings(run)})\n\n" if key.startswith("ecmp") else f"**{key}**\n\n")
-        parts[-1] += (table(hdr, trs) + not_measured(variants) + "\n\n"
-                      + save(fig, out, "collectives_" + key.replace("/", "_")))
+        parts[-1] += table(hdr, trs) + not_measured(variants) + "\n\n"
+        cpu = cpu_cells([run])
+        if cpu:
+            parts[-1] += ("CPU seconds per GB of messages (each rank's, all its threads, over the timed iterations; "
+                          "the mean over ranks):\n\n"
+                          + table(["size"] + variants, [[size_label(s)] + [f"{cpu[(v, s)][0]:.2f}" if (v, s) in cpu
+                                                                           else "-" for v in variants]
+                                                        for s in sizes]) + "\n\n")
+        parts[-1] += save(fig, out, "collectives_" + key.replace("/", "_"))
     return ("Collectives vs gloo (paper Fig. 10)",
             f"nccl-tests busbw on 4 ranks (the ring crosses the core twice; physical limit {limit:.0f} MB/s = the "
             f"sum of the 4 core links one crossing uses, each {rec['data']['core_mbit']} Mbit/s), every load "
@@ -361,6 +368,17 @@ def errorbar_trials(ax, cells: dict, variants: list, sizes: list, step: float, f
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt=fmt(v), capsize=3, label=v)
 
 
+def cpu_cells(trials: list) -> dict:
+    """{(variant, bytes): [CPU seconds per GB, the mean over ranks, one per trial]} of sweep trials
+    that recorded it (rank_bench's cpu_s_per_GB), else {}."""
+    cells = {}
+    for run in trials:
+        for r in run["rows"]:
+            if r.get("cpu_s_per_GB"):
+                cells.setdefault((r["variant"], r["bytes"]), []).append(statistics.mean(r["cpu_s_per_GB"]))
+    return cells
+
+
 def mid_size_cells(d: dict) -> dict:
     """{(collective, variant, bytes): [busbw as a fraction of the limit, one per trial]}."""
     return {(coll, v, b): xs for coll, trials in d["runs"].items()
@@ -392,6 +410,15 @@ def sec_mid_size(rec, out):
         ax.set_title(f"{coll}, pinned, 4 ranks")
         ax.legend(fontsize=7)
         parts.append(f"**{coll}**\n\n" + table(["size"] + variants + [f"{p}: cut / whole" for p in policies], rows))
+        cpu = cpu_cells(d["runs"][coll])
+        if cpu:
+            parts.append(f"{coll}, CPU seconds per GB of messages (each rank's, all its threads, over the timed "
+                         "iterations; the mean over ranks, median [min-max] over trials):\n\n"
+                         + table(["size"] + variants,
+                                 [[size_label(b)] + [f"{statistics.median(cpu[(v, b)]):.2f} "
+                                                     f"[{min(cpu[(v, b)]):.2f}-{max(cpu[(v, b)]):.2f}]"
+                                                     if (v, b) in cpu else "-" for v in variants]
+                                  for b in sizes]))
     trials = len(next(iter(d["runs"].values())))
     return ("Mid-size messages: one chunk per path",
             f"busbw as a fraction of the physical limit ({d['physical_limit_GBps'] * 1e3:.0f} MB/s), median "
@@ -1234,17 +1261,20 @@ def headline(recs: dict) -> list[list]:
             if not run:
                 continue
             sizes = {r["bytes"] for r in run["rows"]}
-            size = 64 << 20 if 64 << 20 in sizes else max(sizes)  # 64 MiB: the headline size
-            get = {r["variant"]: r["busbw_GBps"] * 1e3 for r in run["rows"] if r["bytes"] == size}
-            g = best_gloo(get)
-            other = congestion_variant(get)
-            for variant, how in (("adaptive", ""), (other, f", MAESTRO_TCP_CONGESTION={maestro_policy(other)[1]}")):
-                if variant not in get:
-                    continue
-                m = get[variant]
-                rows.append([f"allreduce {size >> 20} MiB busbw, " + (ecmp_label(run) if mode == "ecmp" else mode) + how,
-                             f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", gloo_cell(g, get, "{:.0f} MB/s"),
-                             f"**{m / g[1]:.2f}x**" if g else "-", "≥ 2x on collectives"])
+            top = 64 << 20 if 64 << 20 in sizes else max(sizes)  # 64 MiB: the headline size
+            # and 1 MiB, a mid-size message (FSDP shards, small buckets): the default only
+            for size in [top] + [1 << 20] * (1 << 20 in sizes and top != 1 << 20):
+                get = {r["variant"]: r["busbw_GBps"] * 1e3 for r in run["rows"] if r["bytes"] == size}
+                g = best_gloo(get)
+                other = congestion_variant(get) if size == top else None
+                for variant, how in (("adaptive", ""), (other, f", MAESTRO_TCP_CONGESTION={maestro_policy(other)[1]}"
+                                                        if other else "")):
+                    if variant not in get:
+                        continue
+                    m = get[variant]
+                    rows.append([f"allreduce {size_label(size)} busbw, " + (ecmp_label(run) if mode == "ecmp" else mode)
+                                 + how, f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", gloo_cell(g, get, "{:.0f} MB/s"),
+                                 f"**{m / g[1]:.2f}x**" if g else "-", "≥ 2x on collectives"])
     sp = recs.get("spines")
     if sp and sp["status"] == "ok":
         limit = sp["data"]["physical_limit_GBps"] * 1e3

@@ -48,6 +48,33 @@ def test_headline_says_which_gloo_a_record_lacks():
     assert row[2] == "20 MB/s (gloo); gloo-4dev not measured" and row[3] == "**4.50x**", row
 
 
+def test_headline_adds_a_mid_size_row_where_the_sweep_has_1_mib():
+    rec = sweep_record({"gloo": 20.0, "adaptive": 90.0, "adaptive+kernel": 91.0})
+    rows = rec["data"]["runs"]["pinned/allreduce"]["rows"]
+    rows += [dict(r, bytes=1 << 20, busbw_GBps=r["busbw_GBps"] / 2) for r in rows]
+    big, kernel, mid = report.headline({"collectives": rec})
+    assert big[0] == "allreduce 64 MiB busbw, pinned" and "MAESTRO_TCP_CONGESTION=kernel" in kernel[0], (big, kernel)
+    # The default only at 1 MiB, against the same gloo at that size.
+    assert mid[0] == "allreduce 1 MiB busbw, pinned" and mid[1].startswith("45 MB/s") and mid[3] == "**4.50x**", mid
+
+
+def test_sweeps_that_measured_cpu_show_it_per_size_and_variant(tmp_path):
+    recs = report.load(DATA)
+    mid = copy.deepcopy(recs["mid_size"])
+    for trials in mid["data"]["runs"].values():
+        for trial in trials:
+            for r in trial["rows"]:
+                r.pop("cpu_s_per_GB", None)
+    without = report.render({"mid_size": mid}, str(tmp_path))
+    assert "CPU seconds per GB" not in without
+    first = next(iter(mid["data"]["runs"].values()))
+    for trial in first:
+        for r in trial["rows"]:
+            r["cpu_s_per_GB"] = [1.0, 2.0, 3.0, 4.0]  # the mean over ranks: 2.5
+    md = report.render({"mid_size": mid}, str(tmp_path))
+    assert md.count("CPU seconds per GB") == 1 and "| 2.50 [2.50-2.50] |" in md, md
+
+
 def without_peers(recs: dict, peers=("gloo-4dev", "single")) -> dict:
     """The records as the suite wrote them before it measured `peers`."""
     recs = copy.deepcopy(recs)
