@@ -117,9 +117,14 @@ def test_lightning_rank_killed_mid_training_is_reported(tmp_path):
     argv = lightning("maestro", str(tmp_path / "killed.pt")) + ["--steps", "100000"]
     p = subprocess.Popen(argv, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)  # its own process group: the watchdog ends both ranks
-    watchdog = threading.Timer(180, os.killpg, (p.pid, signal.SIGKILL))
+    fired = threading.Event()
+
+    def end_both():
+        fired.set()
+        os.killpg(p.pid, signal.SIGKILL)
+    watchdog = threading.Timer(180, end_both)
     watchdog.start()
-    out, killed = [], []
+    out, killed, at = [], [], None
     try:
         for line in p.stdout:  # until every rank has closed it
             out.append(line)
@@ -127,16 +132,24 @@ def test_lightning_rank_killed_mid_training_is_reported(tmp_path):
                 killed = psutil.Process(p.pid).children()  # rank 1, started by Lightning
                 for child in killed:
                     os.kill(child.pid, signal.SIGKILL)
+                at = time.monotonic()
         code = p.wait(timeout=60)
     finally:
         watchdog.cancel()
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-    assert code != -signal.SIGKILL, "rank 0 did not end within 180 s:\n" + "".join(out[-50:])
+    assert not fired.is_set(), "rank 0 did not end within 180 s:\n" + "".join(out[-50:])
     out = "".join(out)
     assert len(killed) == 1, f"rank 1 not found among {killed}:\n{out[-3000:]}"
     assert code != 0, out[-3000:]
+    # Rank 0 fails on its own, or Lightning's child-process observer (which
+    # looks every 5 s) finds rank 1 dead first and ends rank 0 with SIGKILL
+    # itself -- saying so -- while rank 0 is still winding down: either way
+    # within seconds, which is what this test is for.
+    if code == -signal.SIGKILL:
+        assert "Forcefully terminating all other processes" in out, out[-3000:]
+    print(f"rank 0 ended {time.monotonic() - at:.1f} s after rank 1 was killed")
     warns = MAESTRO_WARN.findall(out)
     print(f"rank 1 killed after step 3: exit {code}, " + "; ".join(warns))
     assert any(w.startswith("maestro[0] WARN") and "rank 1" in w for w in warns), out[-6000:]
