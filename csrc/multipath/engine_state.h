@@ -91,7 +91,6 @@ struct EngineCore::PathSlot {
   uint64_t reconnects = 0;
   HuntState hunt;
   uint64_t tick_bytes = 0;  // bytes_sent at the hunter's last look
-  RateEstimate::Busy tick_busy;  // rate.busyTotals() at the hunter's last look
   std::deque<ChunkDesc*> queue;  // assigned here, not yet posted
   int inflight = 0;
   uint64_t bytes_sent = 0, bytes_received = 0, chunks_sent = 0, chunks_received = 0, errors = 0, resent = 0;

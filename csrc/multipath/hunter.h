@@ -6,7 +6,8 @@
 // one path hashed onto, that path stays slow for as long as the traffic
 // lasts (the adaptive scheduler gives it less, but the pair loses its share
 // of the fabric). The hunter watches every path's delivery rate while busy
-// (RateEstimate::busyTotals, over each look) against its siblings'; a path below `hunt_ratio` of their median for `hunt_after`
+// over each look (RateEstimate::busyRateSinceLastLook) against its
+// siblings'; a path below `hunt_ratio` of their median for `hunt_after`
 // seconds of busy time more than it was above it is re-opened from a source port whose
 // route (probed with discovery's TTL-limited SYNs on that exact 5-tuple)
 // uses a core hop no other path of the peer uses -- or, without discovery,

@@ -140,13 +140,7 @@ void EngineCore::huntLook(Peer& p, Look& look) {
     PathSlot& s = p.paths[i];
     samples[i].busy = s.inflight > 0 || s.bytes_sent != s.tick_bytes;
     samples[i].usable = s.up && !s.doubted && !s.hunt.active;
-    // The delivery rate while busy since the last look (a new connection
-    // starts its totals afresh).
-    const RateEstimate::Busy total = s.rate.busyTotals(now);
-    if (total.seconds < s.tick_busy.seconds || total.bytes < s.tick_busy.bytes) s.tick_busy = {};
-    const double busy_seconds = total.seconds - s.tick_busy.seconds;
-    if (busy_seconds > 0) samples[i].throughput = static_cast<double>(total.bytes - s.tick_busy.bytes) / busy_seconds;
-    s.tick_busy = total;
+    samples[i].throughput = s.rate.busyRateSinceLastLook(now);
     s.tick_bytes = s.bytes_sent;
     states[i] = s.hunt;
     // A re-opening the opener announced but never made (it failed): the

@@ -51,6 +51,14 @@ RateEstimate::Busy RateEstimate::busyTotals(Clock::time_point now) const {
   return b;
 }
 
+double RateEstimate::busyRateSinceLastLook(Clock::time_point now) {
+  const Busy total = busyTotals(now);
+  const double busy_seconds = total.seconds - looked_.seconds;
+  const double rate = busy_seconds > 0 ? static_cast<double>(total.bytes - looked_.bytes) / busy_seconds : 0.0;
+  looked_ = total;
+  return rate;
+}
+
 bool RateEstimate::stale(Clock::time_point now) const { return rate_ > 0 && seconds(now - sampled_) >= kStale; }
 
 }  // namespace multipath

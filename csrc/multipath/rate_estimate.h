@@ -75,6 +75,9 @@ class RateEstimate {
     double seconds = 0;
   };
   Busy busyTotals(Clock::time_point now) const;
+  // That quotient since the previous call (bytes/s; 0 when the path held
+  // no chunks meanwhile): path hunting's look. reset() starts it afresh.
+  double busyRateSinceLastLook(Clock::time_point now);
 
  private:
   double rate_ = 0;
@@ -86,6 +89,7 @@ class RateEstimate {
   bool busy_ = false;            // the path holds chunks (since spell_)
   Clock::time_point spell_{};
   Busy busy_totals_;             // up to the spell under way
+  Busy looked_;                  // busyTotals() at the last busyRateSinceLastLook()
 };
 
 }  // namespace multipath

@@ -74,8 +74,15 @@ TEST(RateEstimate, BusyTotalsCountTheTimeThePathHeldChunks) {
   slow.busy(at(t + 0.010));
   slow.completed(16384, at(t + 0.016), 0);
   EXPECT_NEAR(s.seconds + 0.016, slow.busyTotals(at(t + 1)).seconds, 1e-9);
+  // The look's rate: since the previous look (here, all of it), nothing
+  // when the path held nothing since, and afresh after a reset.
+  EXPECT_NEAR(2 * 16384 / 0.016, slow.busyRateSinceLastLook(at(t + 1)), 1.0);
+  EXPECT_EQ(0.0, slow.busyRateSinceLastLook(at(t + 2)));
   slow.reset();
   EXPECT_EQ(0u, slow.busyTotals(at(t + 1)).bytes);
+  slow.busy(at(t + 3));
+  slow.completed(16384, at(t + 3.004), 0);
+  EXPECT_NEAR(16384 / 0.004, slow.busyRateSinceLastLook(at(t + 4)), 1.0);
 }
 
 TEST(RateEstimate, IdleGapsDoNotCount) {
