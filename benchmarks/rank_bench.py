@@ -90,6 +90,15 @@ def timed(fn, group, iters: int) -> list[float]:
     return worst.tolist()
 
 
+def cpu_s_per_GB(cpu0: float, nbytes: int) -> list[float]:
+    """Each rank's CPU seconds since cpu0 (time.process_time(): all its
+    threads, the backend's included) per GB of `nbytes` moved, gathered over
+    the world group (bookkeeping)."""
+    cpus = [None] * dist.get_world_size()
+    dist.all_gather_object(cpus, time.process_time() - cpu0)
+    return [c / (nbytes / 1e9) for c in cpus]
+
+
 def iterations_for(size: int, budget_s: float, est_Bps: float, hi: int = 20) -> int:
     # At least 3: the median of two samples is their mean, and one slow
     # iteration (a TCP loss recovery, a busy core) moved a 64 MiB figure by
@@ -184,18 +193,15 @@ def cmd_sweep(args):
             fn()  # warm-up: registration, connections ramp-up
             ok = torch.tensor([float(exact())])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
-            cpu0 = time.process_time()  # every thread of this rank: the backend's own included
+            cpu0 = time.process_time()
             times = timed(fn, g, iterations_for(size, args.budget, 50e6))
-            cpu = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
-            cpus = [torch.zeros(1, dtype=torch.float64) for _ in range(n)]
-            dist.all_gather(cpus, cpu)  # over the world group (bookkeeping)
+            cpu = cpu_s_per_GB(cpu0, size * len(times))
             med = statistics.median(times)
             rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
                          "busbw_GBps": size / med / 1e9 * factor, "iters": len(times),
                          "times": times, "exact": bool(ok.item()),
-                         # per rank: CPU seconds over the timed iterations (their barriers
-                         # included) per GB of messages (bytes x iterations)
-                         "cpu_s_per_GB": [c.item() / (size * len(times) / 1e9) for c in cpus]})
+                         # per rank, over the timed iterations (their barriers included)
+                         "cpu_s_per_GB": cpu})
             log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw"
                 + ("" if ok.item() else "  WRONG RESULT"))
     emit({"collective": args.collective, "world": n, "rows": rows, "routes": routes})
@@ -224,13 +230,11 @@ def cmd_p2p(args):
         fn()
         cpu0 = time.process_time()
         times = timed(fn, g, args.iters)
-        cpu = time.process_time() - cpu0
-        cpus = [None] * dist.get_world_size()
-        dist.all_gather_object(cpus, cpu)
+        cpu = cpu_s_per_GB(cpu0, size * len(times))
         med = statistics.median(times)
         rows.append({"variant": name, "paths": 1 if is_gloo(name) else int(name.split("-")[1]), "bytes": size,
                      "seconds": med, "gbps": size * 8 / med / 1e9,
-                     "cpu_s_per_GB": [c / (size * len(times) / 1e9) for c in cpus]})
+                     "cpu_s_per_GB": cpu})
         log(f"  p2p {name:12} {size * 8 / med / 1e9:6.3f} Gbit/s")
     emit({"rows": rows})
 

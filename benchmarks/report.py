@@ -1263,12 +1263,14 @@ def headline(recs: dict) -> list[list]:
             sizes = {r["bytes"] for r in run["rows"]}
             top = 64 << 20 if 64 << 20 in sizes else max(sizes)  # 64 MiB: the headline size
             # and 1 MiB, a mid-size message (FSDP shards, small buckets): the default only
-            for size in [top] + [1 << 20] * (1 << 20 in sizes and top != 1 << 20):
+            for size in [top] + ([1 << 20] if 1 << 20 in sizes and top != 1 << 20 else []):
                 get = {r["variant"]: r["busbw_GBps"] * 1e3 for r in run["rows"] if r["bytes"] == size}
                 g = best_gloo(get)
-                other = congestion_variant(get) if size == top else None
-                for variant, how in (("adaptive", ""), (other, f", MAESTRO_TCP_CONGESTION={maestro_policy(other)[1]}"
-                                                        if other else "")):
+                other = congestion_variant(get)
+                shown = [("adaptive", "")]
+                if size == top:
+                    shown.append((other, f", MAESTRO_TCP_CONGESTION={maestro_policy(other)[1]}"))
+                for variant, how in shown:
                     if variant not in get:
                         continue
                     m = get[variant]
