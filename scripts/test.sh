@@ -18,8 +18,11 @@
 #                             forced), and the `full` Python tests: the lab
 #                             (network namespaces), Soft-RoCE (a VM), scale,
 #                             soak, training, examples, the PyTorch suite and
-#                             the benchmark smoke run (beside the others, in
-#                             its own pytest). The lab and verbs tests
+#                             the benchmark smoke run. Three groups of them
+#                             run beside the others, each in its own pytest
+#                             (see beside()): Soft-RoCE from the ASan Python
+#                             stage on, the training tests and the smoke run
+#                             in the Python stage. The lab and verbs tests
 #                             need root -- they say so and skip without it.
 #
 # Each stage prints its time, and pytest its slowest tests. Extra arguments go
@@ -49,9 +52,13 @@ export CCACHE_BASEDIR="$(cd "$(dirname "$0")/.." && pwd)" CCACHE_NOHASHDIR=true
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 stage_name="set-up: packages, .venv and the extension (scripts/env.sh)" stage_start=$start stage_times=()
+beside_names=() beside_pids=() beside_files=()  # the Python tests run beside the stages (beside())
 # The stage table is printed however the run ends (a failing stage too).
 print_stages() {
   local rc=$?
+  # A stage that failed leaves no group running beside it.
+  local pid
+  for pid in "${beside_pids[@]}"; do pkill -P "$pid" 2>/dev/null; kill "$pid" 2>/dev/null; done
   stage ""
   echo "== stage times"
   printf '%s\n' "${stage_times[@]}"
@@ -65,6 +72,37 @@ stage() {
   stage_name=$1 stage_start=$now
   [ -n "$1" ] && echo "== $1"
   return 0
+}
+
+# --full runs some Python test modules beside the stages, each group in a
+# pytest of its own (its output in build/python-NAME.log, printed when
+# await_beside collects it): the host's 2 cores are half idle while the
+# behaviour, lab and matrix tests wait on timeouts, links and peers.
+# beside NAME FILES...: start FILES' pytest now, in the background.
+beside() {
+  local name=$1 log="$ROOT/build/python-$1.log"
+  shift
+  mkdir -p "$ROOT/build"
+  echo "   beside: $* (output: $log, printed when the Python stage ends)"
+  ( t0=$(date +%s) rc=0
+    "$PY" -m pytest -q -rs --durations=5 -p no:cacheprovider --basetemp "$ROOT/build/pytest-$name" "$@" >"$log" 2>&1 || rc=$?
+    echo "$(( $(date +%s) - t0 )) s, exit $rc" >"$log.took"
+    exit $rc ) &
+  beside_names+=("$name") beside_pids+=($!) beside_files+=("$@")
+}
+# Waits for every group started by beside(), prints its output and time;
+# returns non-zero if one failed.
+await_beside() {
+  local i rc=0 one
+  for i in "${!beside_pids[@]}"; do
+    one=0
+    wait "${beside_pids[$i]}" || one=$?
+    echo "== beside: ${beside_names[$i]} ($(cat "$ROOT/build/python-${beside_names[$i]}.log.took" 2>/dev/null))"
+    cat "$ROOT/build/python-${beside_names[$i]}.log"
+    [ $one = 0 ] || { echo "error: the Python tests beside (${beside_names[$i]}) failed" >&2; rc=$one; }
+  done
+  beside_names=() beside_pids=()
+  return $rc
 }
 
 stage "C++ tests"
@@ -154,6 +192,10 @@ fi
 # tests about registering the caller's own tensors are the plain stage's
 # (under forced staging no caller tensor is registered).
 stage "Python tests with the extension under -fsanitize=address,undefined, staging forced (MAESTRO_STAGING=force)"
+# The Soft-RoCE tests start here and run beside this stage and the next (the
+# VM's CPU is emulated: importing torch in it alone takes one core for 3-4
+# minutes; not timing-sensitive: its bounds are liveness bounds).
+[ $# = 0 ] && beside softroce tests/python/test_softroce.py
 SAN_EXT=$ROOT/build/sanitize-ext
 "$PY" scripts/extension_build.py --sanitize address,undefined --out "$SAN_EXT" >"$SAN_EXT.log" 2>&1 ||
   { tail -40 "$SAN_EXT.log" >&2; echo "error: the sanitizer build of the extension failed ($SAN_EXT.log)" >&2; exit 1; }
@@ -180,29 +222,23 @@ else
   stage "Python tests$([ $full = 1 ] || echo ' (fast tier: not marked full)') (no GPU here: tests/python/test_cuda.py is NOT run; scripts/gpu_check.sh runs it on a GPU)"
   gpu_tests=(--ignore tests/python/test_cuda.py)
 fi
-# --full runs the benchmark smoke run (about 7.5 minutes, most of it waiting
-# on timed loops, shaped links and link events: about 0.6 of a core) beside
-# the other Python tests, in its own pytest, whose output follows theirs; the
-# stage ends when both have. Its lab namespaces have their own names and
-# network stacks, so the two share nothing but the CPU. With arguments for
-# pytest, everything runs in one pytest, as without --full.
-beside=(tests/python/test_bench_smoke.py) beside_pid="" beside_log=$ROOT/build/python-beside.log not_here=()
+# --full (without arguments for pytest) runs two more groups beside the
+# others: the benchmark smoke run (about 12 minutes, most of it waiting on
+# timed loops, shaped links and link events: about 0.6 of a core; its lab
+# namespaces have their own names) and the training tests (training,
+# examples, frameworks, the PyTorch suite: busy on both cores, but only
+# their results are checked, not their speed). With arguments for pytest,
+# everything runs in one pytest, as without --full.
+not_here=()
 if [ $full = 1 ] && [ $# = 0 ]; then
-  mkdir -p "$ROOT/build"
-  echo "   beside them: ${beside[*]} (its output: $beside_log, printed when the others are done)"
-  "$PY" -m pytest -q -rs --durations=5 -p no:cacheprovider "${beside[@]}" >"$beside_log" 2>&1 &
-  beside_pid=$!
-  not_here=(--ignore "${beside[@]}")
+  beside bench tests/python/test_bench_smoke.py
+  beside training tests/python/test_train.py tests/python/test_examples.py tests/python/test_frameworks.py \
+    tests/python/test_torch_suite.py
+  for f in "${beside_files[@]}"; do not_here+=(--ignore "$f"); done
 fi
 rc=0
 "$PY" -m pytest -q -rs --durations=15 tests/python "${tier[@]}" "${gpu_tests[@]}" "${not_here[@]}" "$@" || rc=$?
-if [ -n "$beside_pid" ]; then
-  beside_rc=0
-  wait "$beside_pid" || beside_rc=$?
-  echo "== beside them: ${beside[*]} (exit $beside_rc)"
-  cat "$beside_log"
-  [ $beside_rc = 0 ] || { echo "error: ${beside[*]} failed" >&2; [ $rc != 0 ] || rc=$beside_rc; }
-fi
+await_beside || { [ $rc != 0 ] || rc=1; }
 [ $rc = 0 ] || exit $rc
 
 echo "== all tests $([ $full = 1 ] && echo '(--full)' || echo '(fast tier; scripts/test.sh --full runs everything)') passed in $(( $(date +%s) - start )) s"
