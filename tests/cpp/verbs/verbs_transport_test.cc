@@ -434,7 +434,7 @@ TEST_F(VerbsPairTest, ControlMessagesArriveInOrderOnEveryPath) {
     }
   }
   for (auto [sink, from] : {std::make_pair(&s0_, 1), std::make_pair(&s1_, 0)}) {
-    ASSERT_TRUE(sink->waitFor([&] { return sink->messages_.size() >= kPaths * kPerPath; }))
+    ASSERT_TRUE(sink->waitFor([&, sink = sink] { return sink->messages_.size() >= kPaths * kPerPath; }))
         << "rank " << from << "'s messages: " << sink->messages_.size() << " of " << kPaths * kPerPath;
     std::lock_guard<std::mutex> lock(sink->mu_);
     std::vector<int> next(kPaths, 0);
