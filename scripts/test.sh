@@ -48,17 +48,20 @@ if [ $full = 1 ] && [ "$(id -u)" = 0 ] && { [ ! -f /usr/include/infiniband/verbs
 fi
 # ccache (when installed; CMakeLists.txt uses it): paths relative to the
 # checkout, so that another clone of the same sources hits the same entries.
-export CCACHE_BASEDIR="$(cd "$(dirname "$0")/.." && pwd)" CCACHE_NOHASHDIR=true
-source "$(dirname "$0")/env.sh"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true
+set -euo pipefail
 cd "$ROOT"
-stage_name="set-up: packages, .venv and the extension (scripts/env.sh)" stage_start=$start stage_times=()
+mkdir -p build
+stage_name="set-up: system packages" stage_start=$start stage_times=()
 beside_names=() beside_pids=() beside_files=()  # the Python tests run beside the stages (beside())
+setup_pid=""  # the set-up's, while it runs beside the C++ stages
 # The stage table is printed however the run ends (a failing stage too).
 print_stages() {
   local rc=$?
   # A stage that failed leaves no group running beside it.
   local pid
-  for pid in "${beside_pids[@]}"; do pkill -P "$pid" 2>/dev/null; kill "$pid" 2>/dev/null; done
+  for pid in "${beside_pids[@]}" $setup_pid; do pkill -P "$pid" 2>/dev/null; kill "$pid" 2>/dev/null; done
   stage ""
   echo "== stage times"
   printf '%s\n' "${stage_times[@]}"
@@ -78,13 +81,19 @@ stage() {
 # pytest of its own (its output in build/python-NAME.log, printed when
 # await_beside collects it): the host's 2 cores are half idle while the
 # behaviour, lab and matrix tests wait on timeouts, links and peers.
-# beside NAME FILES...: start FILES' pytest now, in the background.
+# beside NAME FILES...: start FILES' pytest in the background, once the
+# set-up is done.
 beside() {
   local name=$1 log="$ROOT/build/python-$1.log"
   shift
   mkdir -p "$ROOT/build"
   echo "   beside: $* (output: $log, printed when the Python stage ends)"
-  ( t0=$(date +%s) rc=0
+  ( until [ -f "$setup_log.took" ]; do  # the set-up first (scripts/env.sh)
+      kill -0 "$setup_pid" 2>/dev/null || [ -f "$setup_log.took" ] ||
+        { echo "not run: the set-up (scripts/env.sh) failed" >"$log"; exit 1; }
+      sleep 1
+    done
+    t0=$(date +%s) rc=0
     "$PY" -m pytest -q -rs --durations=5 -p no:cacheprovider --basetemp "$ROOT/build/pytest-$name" "$@" >"$log" 2>&1 || rc=$?
     echo "$(( $(date +%s) - t0 )) s, exit $rc" >"$log.took"
     exit $rc ) &
@@ -104,6 +113,32 @@ await_beside() {
   beside_names=() beside_pids=()
   return $rc
 }
+
+# The set-up (scripts/env.sh: on a fresh clone a new .venv, the pinned
+# packages and the extension, 3-5 minutes, most of it one core unpacking
+# wheels) runs beside the C++ stages, which do not need it and leave about
+# half of the 2 cores idle (their tests run one at a time); the first
+# Python stage waits for it (await_setup). With --full, the Soft-RoCE tests
+# follow it there: their VM's CPU is emulated, and importing torch in it
+# alone takes a core for 3-4 minutes (a third of that core, and 20 minutes,
+# beside the Python stages, which keep both cores busy); their bounds are
+# liveness bounds, not timings.
+setup_log=$ROOT/build/setup.log PY=$ROOT/.venv/bin/python
+rm -f "$setup_log.took"
+( t0=$(date +%s); source scripts/env.sh; echo $(( $(date +%s) - t0 )) >"$setup_log.took" ) >"$setup_log" 2>&1 &
+setup_pid=$!
+await_setup() {
+  [ -n "$setup_pid" ] || return 0
+  local rc=0
+  kill -0 "$setup_pid" 2>/dev/null && stage "waiting for the set-up (scripts/env.sh), which runs beside the C++ stages"
+  wait "$setup_pid" || rc=$?
+  setup_pid=""
+  cat "$setup_log"
+  [ $rc = 0 ] || { echo "error: the set-up (scripts/env.sh) failed; its output is above ($setup_log)" >&2; exit $rc; }
+  stage_times+=("$(printf '%5d s  %s' "$(cat "$setup_log.took")" "set-up: .venv, packages and the extension (scripts/env.sh), beside the C++ stages")")
+  source scripts/env.sh  # done already: quick; sets PY and PATH here
+}
+[ $full = 1 ] && [ $# = 0 ] && beside softroce tests/python/test_softroce.py
 
 stage "C++ tests"
 cmake -S . -B build/tests -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAESTRO_BUILD_TESTS=ON >/dev/null
@@ -191,11 +226,8 @@ fi
 # faults and aborts mid-pipeline included. The three
 # tests about registering the caller's own tensors are the plain stage's
 # (under forced staging no caller tensor is registered).
+await_setup
 stage "Python tests with the extension under -fsanitize=address,undefined, staging forced (MAESTRO_STAGING=force)"
-# The Soft-RoCE tests start here and run beside this stage and the next (the
-# VM's CPU is emulated: importing torch in it alone takes one core for 3-4
-# minutes; not timing-sensitive: its bounds are liveness bounds).
-[ $# = 0 ] && beside softroce tests/python/test_softroce.py
 SAN_EXT=$ROOT/build/sanitize-ext
 "$PY" scripts/extension_build.py --sanitize address,undefined --out "$SAN_EXT" >"$SAN_EXT.log" 2>&1 ||
   { tail -40 "$SAN_EXT.log" >&2; echo "error: the sanitizer build of the extension failed ($SAN_EXT.log)" >&2; exit 1; }
@@ -210,6 +242,7 @@ else
   echo "== fast tier: the sanitizer, fuzzing, lab, Soft-RoCE, scale, soak and training stages are --full's"
 fi
 
+await_setup
 # The CUDA tests need a GPU: where torch sees none they are not run (and not
 # counted); scripts/gpu_check.sh runs them on a GPU machine, where a missing
 # GPU fails them (MAESTRO_REQUIRE_GPU=1).
