@@ -20,9 +20,9 @@
 #                             soak, training, examples, the PyTorch suite and
 #                             the benchmark smoke run. Three groups of them
 #                             run beside the others, each in its own pytest
-#                             (see beside()): Soft-RoCE from the ASan Python
-#                             stage on, the training tests and the smoke run
-#                             in the Python stage. The lab and verbs tests
+#                             (see beside()): Soft-RoCE once the set-up is
+#                             done (beside the C++ stages), the training
+#                             tests and the smoke run in the Python stage. The lab and verbs tests
 #                             need root -- they say so and skip without it.
 #
 # Each stage prints its time, and pytest its slowest tests. Extra arguments go
@@ -56,6 +56,10 @@ mkdir -p build
 stage_name="set-up: system packages" stage_start=$start stage_times=()
 beside_names=() beside_pids=() beside_files=()  # the Python tests run beside the stages (beside())
 setup_pid=""  # the set-up's, while it runs beside the C++ stages
+# The Python test groups run beside the others only for --full without
+# arguments for pytest; with arguments, everything runs in one pytest.
+groups=0
+[ $full = 1 ] && [ $# = 0 ] && groups=1
 # The stage table is printed however the run ends (a failing stage too).
 print_stages() {
   local rc=$?
@@ -86,7 +90,6 @@ stage() {
 beside() {
   local name=$1 log="$ROOT/build/python-$1.log"
   shift
-  mkdir -p "$ROOT/build"
   echo "   beside: $* (output: $log, printed when the Python stage ends)"
   ( until [ -f "$setup_log.took" ]; do  # the set-up first (scripts/env.sh)
       kill -0 "$setup_pid" 2>/dev/null || [ -f "$setup_log.took" ] ||
@@ -138,7 +141,7 @@ await_setup() {
   stage_times+=("$(printf '%5d s  %s' "$(cat "$setup_log.took")" "set-up: .venv, packages and the extension (scripts/env.sh), beside the C++ stages")")
   source scripts/env.sh  # done already: quick; sets PY and PATH here
 }
-[ $full = 1 ] && [ $# = 0 ] && beside softroce tests/python/test_softroce.py
+[ $groups = 1 ] && beside softroce tests/python/test_softroce.py
 
 stage "C++ tests"
 cmake -S . -B build/tests -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAESTRO_BUILD_TESTS=ON >/dev/null
@@ -260,10 +263,9 @@ fi
 # timed loops, shaped links and link events: about 0.6 of a core; its lab
 # namespaces have their own names) and the training tests (training,
 # examples, frameworks, the PyTorch suite: busy on both cores, but only
-# their results are checked, not their speed). With arguments for pytest,
-# everything runs in one pytest, as without --full.
+# their results are checked, not their speed).
 not_here=()
-if [ $full = 1 ] && [ $# = 0 ]; then
+if [ $groups = 1 ]; then
   beside bench tests/python/test_bench_smoke.py
   beside training tests/python/test_train.py tests/python/test_examples.py tests/python/test_frameworks.py \
     tests/python/test_torch_suite.py
