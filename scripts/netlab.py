@@ -57,9 +57,9 @@ if _HERE not in sys.path:  # the package beside this file, however this file was
 # The API, re-exported: callers use netlab.X (the tests read NETNS_DIR and STATE_DIR too).
 from leafspine.cli import main  # noqa: E402
 from leafspine.lab import Lab, gc  # noqa: E402
-from leafspine.plumbing import NETNS_DIR  # noqa: E402
-from leafspine.routing import ECMP_HASH  # noqa: E402
-from leafspine.state import STATE_DIR, list_labs  # noqa: E402
+from leafspine.plumbing import NETNS_DIR  # noqa: E402,F401
+from leafspine.routing import ECMP_HASH  # noqa: E402,F401
+from leafspine.state import STATE_DIR, list_labs  # noqa: E402,F401
 from leafspine.topology import Config, NetlabError, alias_ip, gw_ip, host_ip, link_ips  # noqa: E402
 from leafspine.traffic import Background, TransferResult  # noqa: E402
 
