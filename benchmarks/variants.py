@@ -1,7 +1,7 @@
 """The names of the process groups a benchmark compares (its "variants"),
 shared by the rank side (rank_bench.py, which builds them) and the report
-(report.py, which sorts them into maestro and its gloo peers). No torch
-here: the report runs without it.
+(benchmarks/reporting/, whose peers.py sorts them into maestro and its gloo
+peers). No torch here: the report runs without it.
 
     gloo            gloo with one device (the default interface's address)
     gloo-<n>dev     gloo with one device on each of the rank's first n vNIC addresses

@@ -1,7 +1,7 @@
 """The evaluation suite's quick mode as a smoke test: every experiment of
 benchmarks/suite.py runs on the lab, its JSON holds sane figures (positive
-numbers, exact results, the injected faults seen: benchmarks/report.py's
-sanity()), and the report with its plots is generated from it. Speed is not
+numbers, exact results, the injected faults seen: benchmarks/reporting/
+sanity.py), and the report with its plots is generated from it. Speed is not
 asserted. Needs root (the lab)."""
 import os
 import subprocess
@@ -16,17 +16,18 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the benchmark lab nee
 
 
 def test_quick_suite_runs_every_experiment_and_reports(tmp_path):
-    import report
     import suite
+    from reporting.common import load
+    from reporting.sanity import sanity
 
     data, out = tmp_path / "data", tmp_path / "report"
     out.mkdir()
     run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "suite.py"), "--quick", "--out", str(data)],
                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-6000:]
-    recs = report.load(str(data))
+    recs = load(str(data))
     assert set(recs) == set(suite.EXPERIMENTS), f"missing: {set(suite.EXPERIMENTS) - set(recs)}"
-    problems = report.sanity(recs)
+    problems = sanity(recs)
     assert not problems, "\n".join(problems)
     gen = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "report.py"), "--data", str(data),
                           "--out", str(out), "--readme", ""], capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
-"""benchmarks/report.py: the headline compares maestro with the best gloo of
-each row and names it; records without the newer peers are reported as
-such; docs/performance.md's tables are the data's."""
+"""benchmarks/report.py and its parts (benchmarks/reporting/): the headline
+compares maestro with the best gloo of each row and names it; records without
+the newer peers are reported as such; docs/performance.md's tables are the data's."""
 import copy
 import os
 import shutil
@@ -14,16 +14,19 @@ DATA = os.path.join(ROOT, "docs", "results", "data")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import report  # noqa: E402
+from reporting import headline, link_events, overheads, peers, performance, sweeps, training  # noqa: E402
+from reporting.common import load  # noqa: E402
+from reporting.sanity import sanity  # noqa: E402
 
 
 def test_best_gloo_picks_the_best_gloo_variant_only():
     bw = {"gloo": 23.0, "gloo-4dev": 24.5, "adaptive": 91.0, "single": 23.4}
-    assert report.best_gloo(bw) == ("gloo-4dev", 24.5)
+    assert peers.best_gloo(bw) == ("gloo-4dev", 24.5)
     seconds = {"gloo": 36.1, "gloo-4dev": 30.2, "adaptive": 9.2}
-    assert report.best_gloo(seconds, lower_is_better=True) == ("gloo-4dev", 30.2)
-    assert report.best_gloo({"gloo": 36.1, "gloo-4dev": 40.0}, lower_is_better=True) == ("gloo", 36.1)
-    assert report.best_gloo({"gloo": None, "gloo-4dev": 2.0}) == ("gloo-4dev", 2.0)
-    assert report.best_gloo({"adaptive": 91.0, "single": 23.0}) is None
+    assert peers.best_gloo(seconds, lower_is_better=True) == ("gloo-4dev", 30.2)
+    assert peers.best_gloo({"gloo": 36.1, "gloo-4dev": 40.0}, lower_is_better=True) == ("gloo", 36.1)
+    assert peers.best_gloo({"gloo": None, "gloo-4dev": 2.0}) == ("gloo-4dev", 2.0)
+    assert peers.best_gloo({"adaptive": 91.0, "single": 23.0}) is None
 
 
 def sweep_record(busbw: dict) -> dict:
@@ -36,15 +39,15 @@ def sweep_record(busbw: dict) -> dict:
 
 def test_headline_compares_with_the_best_gloo_and_names_it():
     rec = sweep_record({"gloo": 20.0, "gloo-4dev": 25.0, "adaptive": 90.0, "single": 24.0})
-    (row,) = report.headline({"collectives": rec})
+    (row,) = headline.headline({"collectives": rec})
     assert row[2] == "25 MB/s (gloo-4dev)" and row[3] == "**3.60x**", row
     rec = sweep_record({"gloo": 30.0, "gloo-4dev": 25.0, "adaptive": 90.0})
-    (row,) = report.headline({"collectives": rec})
+    (row,) = headline.headline({"collectives": rec})
     assert row[2] == "30 MB/s (gloo)" and row[3] == "**3.00x**", row
 
 
 def test_headline_says_which_gloo_a_record_lacks():
-    (row,) = report.headline({"collectives": sweep_record({"gloo": 20.0, "adaptive": 90.0})})
+    (row,) = headline.headline({"collectives": sweep_record({"gloo": 20.0, "adaptive": 90.0})})
     assert row[2] == "20 MB/s (gloo); gloo-4dev not measured" and row[3] == "**4.50x**", row
 
 
@@ -52,14 +55,14 @@ def test_headline_adds_a_mid_size_row_where_the_sweep_has_1_mib():
     rec = sweep_record({"gloo": 20.0, "adaptive": 90.0, "adaptive+kernel": 91.0})
     rows = rec["data"]["runs"]["pinned/allreduce"]["rows"]
     rows += [dict(r, bytes=1 << 20, busbw_GBps=r["busbw_GBps"] / 2) for r in rows]
-    big, kernel, mid = report.headline({"collectives": rec})
+    big, kernel, mid = headline.headline({"collectives": rec})
     assert big[0] == "allreduce 64 MiB busbw, pinned" and "MAESTRO_TCP_CONGESTION=kernel" in kernel[0], (big, kernel)
     # The default only at 1 MiB, against the same gloo at that size.
     assert mid[0] == "allreduce 1 MiB busbw, pinned" and mid[1].startswith("45 MB/s") and mid[3] == "**4.50x**", mid
 
 
 def test_sweeps_that_measured_cpu_show_it_per_size_and_variant(tmp_path):
-    recs = report.load(DATA)
+    recs = load(DATA)
     mid = copy.deepcopy(recs["mid_size"])
     for trials in mid["data"]["runs"].values():
         for trial in trials:
@@ -89,7 +92,7 @@ def without_peers(recs: dict, peers=("gloo-4dev", "single")) -> dict:
 
 
 def test_records_without_the_new_peers_say_so(tmp_path):
-    recs = without_peers(report.load(DATA))
+    recs = without_peers(load(DATA))
     recs["load_balance"]["data"]["runs"].pop("gloo", None)
     md = report.render(recs, str(tmp_path))
     # The 4 sweeps of collectives and the 4 tables of models; load balance
@@ -97,12 +100,12 @@ def test_records_without_the_new_peers_say_so(tmp_path):
     assert md.count("*Not measured in this record: gloo-4dev, single (") == 8, md
     assert md.count("*Not measured in this record: gloo, gloo-4dev, single (") == 1, md
     assert "| nan" not in md and "| inf" not in md
-    lb = report.headline(recs)[-1]
+    lb = headline.headline(recs)[-1]
     assert lb[0].startswith("allreduce busbw with background") and lb[2] == "not measured" and lb[3] == "-", lb
 
 
 def test_load_balance_with_gloo_peers_has_no_path_shares(tmp_path):
-    recs = report.load(DATA)
+    recs = load(DATA)
     lb = copy.deepcopy(recs["load_balance"])
     for peer in ("gloo", "gloo-4dev"):  # whatever the record has: this test makes its own
         lb["data"]["runs"].pop(peer, None)
@@ -113,10 +116,10 @@ def test_load_balance_with_gloo_peers_has_no_path_shares(tmp_path):
             it.pop("paths", None)
             it["seconds"] *= 3  # a third of adaptive's busbw
     lb["data"]["runs"]["gloo-4dev"] = gloo
-    _, body = report.sec_load_balance(lb, str(tmp_path))
+    _, body = training.sec_load_balance(lb, str(tmp_path))
     line = next(l for l in body.splitlines() if l.startswith("| gloo-4dev |"))
     assert line.endswith("| - | - | - | - |"), line
-    row = report.headline({"load_balance": lb})[0]
+    row = headline.headline({"load_balance": lb})[0]
     assert "(gloo-4dev); gloo not measured" in row[2] and row[3] == "**3.00x**", row
 
 
@@ -126,10 +129,10 @@ def test_performance_tables_are_generated_from_the_data(tmp_path):
     doc = os.path.join(ROOT, "docs", "performance.md")
     copy_ = tmp_path / "performance.md"
     shutil.copy(doc, copy_)
-    report.update_performance(str(copy_), report.load(DATA))
+    performance.update_performance(str(copy_), load(DATA))
     assert copy_.read_text() == open(doc).read(), "docs/performance.md is stale: run benchmarks/report.py"
-    for name in report.PERFORMANCE_TABLES:
-        begin, end = report.markers(name)
+    for name in performance.PERFORMANCE_TABLES:
+        begin, end = performance.markers(name)
         block = open(doc).read().split(begin)[1].split(end)[0]
         assert "|---|" in block and "*From `" in block, (name, block)
 
@@ -137,9 +140,9 @@ def test_performance_tables_are_generated_from_the_data(tmp_path):
 def test_a_table_without_its_data_says_so(tmp_path):
     doc = tmp_path / "performance.md"
     shutil.copy(os.path.join(ROOT, "docs", "performance.md"), doc)
-    recs = {k: v for k, v in report.load(DATA).items() if k != "footprint"}
-    report.update_performance(str(doc), recs)
-    begin, end = report.markers("loopback")
+    recs = {k: v for k, v in load(DATA).items() if k != "footprint"}
+    performance.update_performance(str(doc), recs)
+    begin, end = performance.markers("loopback")
     block = doc.read_text().split(begin)[1].split(end)[0]
     assert "No recorded data for this table yet (footprint missing" in block and "|" not in block, block
 
@@ -184,7 +187,7 @@ def p2p_alltoall_record(exact: bool = True) -> dict:
 
 def test_p2p_alltoall_renders_a_table_per_collective_and_one_plot(tmp_path):
     recs = {"p2p_alltoall": p2p_alltoall_record()}
-    assert report.sanity(recs) == []
+    assert sanity(recs) == []
     md = report.render(recs, str(tmp_path))
     assert "## Point to point and all-to-all vs gloo" in md
     assert "**sendrecv** (physical limit 100 MB/s)" in md and "**alltoall** (physical limit 75 MB/s)" in md
@@ -201,9 +204,9 @@ def test_p2p_alltoall_wrong_results_and_missing_peers_are_reported(tmp_path):
     rec = p2p_alltoall_record(exact=False)
     for run in rec["data"]["runs"].values():
         run["rows"] = [r for r in run["rows"] if r["variant"] != "gloo-4dev"]
-    problems = report.sanity({"p2p_alltoall": rec})
+    problems = sanity({"p2p_alltoall": rec})
     assert len(problems) == 4 and all("adaptive" in p and "the result was wrong" in p for p in problems), problems
-    _, body = report.sec_p2p_alltoall(rec, str(tmp_path))
+    _, body = sweeps.sec_p2p_alltoall(rec, str(tmp_path))
     assert body.count("**Wrong results:** adaptive at 16 MiB, adaptive at 64 KiB.") == 2, body
     assert body.count("*Not measured in this record: gloo-4dev (") == 2, body
 
@@ -221,7 +224,7 @@ def test_spines_compares_auto_with_one_path_per_vnic_over_interleaved_trials(tmp
     rec = dict(p2p_alltoall_record(), experiment="spines", data={
         "lab": "4 hosts, 2 leaves, 8 spines, 4 aliases per host, ECMP", "core_mbit": 200, "access_mbit": 1000,
         "spines": 8, "aliases": 4, "physical_limit_GBps": 0.125, "variants": list(trial_busbw), "runs": runs})
-    assert report.sanity({"spines": rec}) == []
+    assert sanity({"spines": rec}) == []
     md = report.render({"spines": rec}, str(tmp_path))
     assert "## More spines than vNICs (paths=auto)" in md and "physical limit 125 MB/s" in md
     line = next(l for l in md.splitlines() if l.startswith("| 64 MiB |"))
@@ -229,43 +232,43 @@ def test_spines_compares_auto_with_one_path_per_vnic_over_interleaved_trials(tmp
                     "| 4.78 |"), line
     assert (tmp_path / "results" / "spines.png").exists()
     runs[1]["rows"][0]["exact"] = False
-    assert report.sanity({"spines": rec}) == ["spines: adaptive 67108864 B: the result was wrong"]
+    assert sanity({"spines": rec}) == ["spines: adaptive 67108864 B: the result was wrong"]
 
 
 def test_ecmp_rows_say_whether_the_defaults_ran_discovery():
     rec = sweep_record({"gloo": 24.0, "adaptive": 90.0})
     run = rec["data"]["runs"].pop("pinned/allreduce")
     rec["data"]["runs"]["ecmp/allreduce"] = run
-    assert report.ecmp_label(run) == "ecmp + discovery"  # a record that asked for it (no routes recorded)
+    assert peers.ecmp_label(run) == "ecmp + discovery"  # a record that asked for it (no routes recorded)
     run["routes"] = {"adaptive": {"1": ["", ""], "2": ["10.2.0.2", "10.2.0.6"]}}
-    assert report.ecmp_label(run) == "ecmp, defaults (discovery auto)"
-    assert "2 distinct spines for 2 paths (rank 2)" in report.ecmp_settings(run)
+    assert peers.ecmp_label(run) == "ecmp, defaults (discovery auto)"
+    assert "2 distinct spines for 2 paths (rank 2)" in peers.ecmp_settings(run)
     run["routes"]["single"] = {"1": [""], "2": [""]}
-    assert report.ecmp_label(run) == "ecmp, defaults (no discovery)"
-    assert "did NOT run" in report.ecmp_settings(run)
-    (row,) = report.headline({"collectives": rec})
+    assert peers.ecmp_label(run) == "ecmp, defaults (no discovery)"
+    assert "did NOT run" in peers.ecmp_settings(run)
+    (row,) = headline.headline({"collectives": rec})
     assert row[0] == "allreduce 64 MiB busbw, ecmp, defaults (no discovery)", row
 
 
 def test_readme_names_the_one_commit_of_a_record(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{report.BEGIN}\nold\n{report.END}\nrest\n")
+    readme.write_text(f"intro\n{headline.BEGIN}\nold\n{headline.END}\nrest\n")
     machine = {"maestro_commit": "abc1234"}
     recs = {"collectives": {**sweep_record({"gloo": 24.0, "adaptive": 90.0}), "command": "scripts/bench.sh",
                             "date": "2026-11-23T10:00:00", "machine": machine}}
-    report.update_readme(str(readme), recs)
+    headline.update_readme(str(readme), recs)
     assert "From `scripts/bench.sh` at maestro abc1234, on 2026-11-23;" in readme.read_text()
     recs["hunting"] = {**recs["collectives"], "command": "scripts/bench.sh --only hunting",
                        "machine": {"maestro_commit": "def5678"}}
-    report.update_readme(str(readme), recs)
+    headline.update_readme(str(readme), recs)
     text = readme.read_text()
     assert "`scripts/bench.sh --only hunting` at maestro def5678 (2 commits)" in text and "rest" in text
 
 
 def test_core_share_is_cpu_seconds_per_gb_times_the_rate():
     row = {"paths": 4, "gbps": 0.8, "cpu_s_per_GB": [0.5, 2.0]}  # 0.1 GB/s
-    assert abs(report.core_share(row, 0) - 0.05) < 1e-12
-    assert abs(report.core_share(row, 1) - 0.20) < 1e-12
+    assert abs(overheads.core_share(row, 0) - 0.05) < 1e-12
+    assert abs(overheads.core_share(row, 1) - 0.20) < 1e-12
 
 
 def _loop_iters(spec):
@@ -282,7 +285,7 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
     r1 = _loop_iters(fast + [(0.3, 0.4, True, "up", 0), (0.7, 0.1, False, "up", 0), (1.5, 0.12, True, "up", 0),
                              (1.7, 0.12, True, "up", 0)])
     d = {"events": [{"t": 0.35, "event": "blackhole"}], "ranks": [r0, r1]}
-    (e,) = report.failover_events(d)
+    (e,) = link_events.failover_events(d)
     assert e["event"] == "blackhole"
     assert e["before_s"] == pytest.approx(0.1)
     assert e["stall_s"] == pytest.approx(0.4)   # the slowest rank's, of the operation across the event
@@ -293,7 +296,7 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
     assert e["wait_s"] == pytest.approx(0.7)
     assert e["wait_before_s"] == pytest.approx(0.0)
     # Rank 0's path went down and was reconnected: one of two paths closed.
-    assert report.paths_closed({"ranks": [r0, r1]}) == (1, 2)
+    assert link_events.paths_closed({"ranks": [r0, r1]}) == (1, 2)
     # The same from `loop --snapshots changes`, which keeps a path table only
     # where a state changed (and the first and last): the same count.
     sparse = [[dict(it) for it in r] for r in (r0, r1)]
@@ -302,17 +305,17 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
             if full[i]["paths"] == full[i - 1]["paths"]:
                 del r[i]["paths"]
     assert any("paths" not in it for r in sparse for it in r)
-    assert report.paths_closed({"ranks": sparse}) == (1, 2)
+    assert link_events.paths_closed({"ranks": sparse}) == (1, 2)
     # Under background load a closed path is a false alarm, and the text says so.
     load = {"ranks": [r0, r1], "udp_mbit": {"0": 100}, "tcp_spines": [1]}
-    assert report.under_load(load).startswith("**False alarms under load**"), report.under_load(load)
+    assert link_events.under_load(load).startswith("**False alarms under load**"), link_events.under_load(load)
     calm = {"ranks": [r1, r1], "udp_mbit": {"0": 100}, "tcp_spines": [1]}
-    assert report.under_load(calm).startswith("No false alarm under load: "), report.under_load(calm)
+    assert link_events.under_load(calm).startswith("No false alarm under load: "), link_events.under_load(calm)
     # Where the run kept why its paths were closed, the closing side's reason
     # is listed; the far side's "reset by peer" is not a reason.
     load["closed_paths"] = [
         [{"peer": 1, "path": 0, "reconnects": 1, "errors": 1, "last_error": "2 resends unanswered (blackholed path?)"}],
         [{"peer": 0, "path": 0, "reconnects": 1, "errors": 1, "last_error": "receive failed: Connection reset by peer"}]]
-    text = report.under_load(load)
+    text = link_events.under_load(load)
     assert text.endswith("\n- rank 0 to rank 1, path 0: 2 resends unanswered (blackholed path?)"), text
     assert "reset by peer" not in text

@@ -1,12 +1,8 @@
 """The fabric simulator's section of docs/results.md and its plots, from
-docs/results/data/fabric_sim.json (benchmarks/fabric_sim.py). benchmarks/
-report.py calls section() like its own sections."""
+docs/results/data/fabric_sim.json (benchmarks/fabric_sim.py)."""
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from .common import plt, save, table
 
 STYLE = {"gloo": "s--", "k-even": "^-", "maestro": "o-", "defaults": "D-", "spray": "k:"}
 
@@ -37,8 +33,6 @@ def lab_shape(f: dict) -> str:
 
 
 def validation_table(rows) -> str:
-    from report import table  # report.py imports this module
-
     return table(["lab variant", "sim policy", "efficiency", "sim busbw MB/s median (p10-p90)",
                   "measured MB/s, fastest iteration", "sim / fastest", "within 10 %", "measured MB/s, median",
                   "sim / median"],
@@ -62,8 +56,6 @@ def grid(rows, xkey, xs, series) -> list[list]:
 
 
 def section(rec: dict, out: str):
-    from report import save, table  # report.py imports this module
-
     d = rec["data"]
     parts = []
     v = d.get("validation")

@@ -1,0 +1,291 @@
+"""The bandwidth sections: point to point vs paths, chunk size, the
+collectives sweeps, more spines than vNICs, point to point and all-to-all,
+mid-size messages; and the helpers of sweep records (rank_bench.py sweep)
+and of interleaved trials."""
+from __future__ import annotations
+
+import statistics
+
+from variants import is_gloo, is_maestro
+
+from .common import plt, save, size_label, spread_cell, table
+from .peers import best_gloo, ecmp_settings, not_measured
+
+
+def sec_p2p_paths(rec, out):
+    rows = rec["data"]["rows"]
+    maestro = [r for r in rows if not is_gloo(r["variant"])]
+    gloos = [r for r in rows if is_gloo(r["variant"])]
+    gloo = next(r for r in gloos if r["variant"] == "gloo")
+    one = next((r for r in maestro if r["paths"] == 1), maestro[0])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot([r["paths"] for r in maestro], [r["gbps"] for r in maestro], "o-", label="maestro")
+    for r, ls in zip(gloos, ("--", "-.")):
+        ax.axhline(r["gbps"], color="gray", ls=ls, label=f"{r['variant']} (one flow per collective)")
+    ax.axhline(rec["data"]["access_mbit"] / 1000, color="red", ls=":", label="access link")
+    ax.set_xlabel("paths")
+    ax.set_ylabel("Gbit/s")
+    ax.set_title("Point-to-point bandwidth vs paths (64 KiB chunks)")
+    ax.legend(fontsize=8)
+    body = table(["paths", "Gbit/s", "x one path", "x gloo"],
+                 [[r["paths"], r["gbps"], r["gbps"] / one["gbps"], r["gbps"] / gloo["gbps"]] for r in maestro]
+                 + [[r["variant"], r["gbps"], r["gbps"] / one["gbps"], r["gbps"] / gloo["gbps"]] for r in gloos])
+    multi = [r["variant"] for r in gloos if r["variant"] != "gloo"]
+    peers = (f" {multi[0]} (one gloo device per alias) is no faster: a broadcast is one collective, and gloo puts "
+             "a whole collective on one device." if multi else "")
+    return ("Point-to-point bandwidth vs number of paths (paper Fig. 8)",
+            f"Rank 0 writes 64 KiB chunks to rank 1 across the core ({rec['data']['core_mbit']} Mbit/s per "
+            f"spine link, {rec['data']['access_mbit']} Mbit/s access): bandwidth grows with each path until the "
+            f"access link saturates.{peers}\n\n{body}\n\n{save(fig, out, 'p2p_paths')}")
+
+
+def sec_chunk_size(rec, out):
+    rows = rec["data"]["rows"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    a1.boxplot([[t * 1e3 for t in r["chunk_times_s"]] for r in rows], showfliers=True, flierprops={"markersize": 2})
+    a1.set_xticks(range(1, len(rows) + 1), [f"{r['chunk'] / 1024:g}K" for r in rows])
+    a1.set_yscale("log")
+    a1.set_ylabel("chunk completion time (ms)")
+    a1.set_xlabel("chunk size")
+    a2.plot([r["chunk"] / 1024 for r in rows], [r["busbw_GBps"] * 1e3 for r in rows], "o-")
+    a2.set_xscale("log")
+    a2.set_xlabel("chunk size (KiB)")
+    a2.set_ylabel("allreduce busbw (MB/s)")
+    body = table(["chunk", "busbw MB/s", "median chunk ms", "p90 chunk ms", "p99 chunk ms"],
+                 [[f"{r['chunk'] / 1024:g} KiB", r["busbw_GBps"] * 1e3, statistics.median(r["chunk_times_s"]) * 1e3,
+                   sorted(r["chunk_times_s"])[int(0.9 * len(r["chunk_times_s"]))] * 1e3,
+                   sorted(r["chunk_times_s"])[int(0.99 * len(r["chunk_times_s"]))] * 1e3] for r in rows])
+    best = max(rows, key=lambda r: r["busbw_GBps"])
+    return ("Chunk size (paper Fig. 9)",
+            f"Allreduce of {rec['data']['bytes'] >> 20} MiB on 4 ranks; per-chunk completion times (post to ACK) of "
+            f"every rank. Best throughput on this lab: **{best['chunk'] / 1024:g} KiB** chunks.\n\n{body}\n\n"
+            f"{save(fig, out, 'chunk_size')}")
+
+
+def sweep_grid(run: dict) -> tuple[list[str], list[int], dict]:
+    """A sweep's (rank_bench.py sweep) variants in run order, its sizes
+    ascending, and its rows by (variant, bytes)."""
+    rows = run["rows"]
+    return (list(dict.fromkeys(r["variant"] for r in rows)), sorted({r["bytes"] for r in rows}),
+            {(r["variant"], r["bytes"]): r for r in rows})
+
+
+def iter_busbw(row: dict) -> list[float]:
+    """Each iteration's busbw (MB/s) of a sweep row: its times are the
+    slowest rank's, its busbw_GBps that of their median."""
+    return [row["busbw_GBps"] * 1e3 * row["seconds"] / t for t in row["times"]]
+
+
+def plot_sweep(ax, run: dict, title: str, limit: float | None, spread: bool = False) -> None:
+    """busbw (MB/s) vs size, a line per variant (gloo dashed), the physical
+    limit dotted; spread: each point's min-max over iterations as error bars."""
+    variants, sizes, get = sweep_grid(run)
+    for i, v in enumerate(variants):
+        ys = [get[(v, s)]["busbw_GBps"] * 1e3 for s in sizes]
+        style = "s--" if is_gloo(v) else "o-"
+        if spread:  # each variant's bars a little aside, so that they do not hide one another
+            its = [iter_busbw(get[(v, s)]) for s in sizes]
+            xs = [s * 2 ** (0.12 * (i - (len(variants) - 1) / 2)) for s in sizes]
+            ax.errorbar(xs, ys, yerr=[[y - min(b) for y, b in zip(ys, its)], [max(b) - y for y, b in zip(ys, its)]],
+                        fmt=style, capsize=3, label=v)
+        else:
+            ax.plot(sizes, ys, style, label=v)
+    if limit is not None:
+        ax.axhline(limit, color="red", ls=":", label="physical limit")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("busbw (MB/s)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+def sec_collectives(rec, out):
+    limit = rec["data"]["physical_limit_GBps"] * 1e3
+    parts = []
+    for key, run in rec["data"]["runs"].items():
+        variants, sizes, get = sweep_grid(run)
+        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        plot_sweep(ax, run, key, limit)
+        hdr = (["size"] + [f"{v} busbw MB/s" for v in variants]
+               + ["best gloo", "best maestro policy / best gloo", "single / gloo"])
+        trs = []
+        for s in sizes:
+            bw = {v: get[(v, s)]["busbw_GBps"] for v in variants}
+            g = best_gloo(bw)
+            best = max((x for v, x in bw.items() if not is_gloo(v) and v != "single"), default=None)
+            trs.append([size_label(s)] + [x * 1e3 for x in bw.values()]
+                       + [g[0] if g else "-", best / g[1] if g and best else "-",
+                          bw["single"] / bw["gloo"] if "single" in bw and "gloo" in bw else "-"])
+        parts.append(f"**{key}** ({ecmp_settings(run)})\n\n" if key.startswith("ecmp") else f"**{key}**\n\n")
+        parts[-1] += table(hdr, trs) + not_measured(variants) + "\n\n"
+        cpu = cpu_cells([run])
+        if cpu:
+            parts[-1] += ("CPU seconds per GB of messages (each rank's, all its threads, over the timed iterations; "
+                          "the mean over ranks):\n\n"
+                          + table(["size"] + variants, [[size_label(s)] + [f"{cpu[(v, s)][0]:.2f}" if (v, s) in cpu
+                                                                           else "-" for v in variants]
+                                                        for s in sizes]) + "\n\n")
+        parts[-1] += save(fig, out, "collectives_" + key.replace("/", "_"))
+    return ("Collectives vs gloo (paper Fig. 10)",
+            f"nccl-tests busbw on 4 ranks (the ring crosses the core twice; physical limit {limit:.0f} MB/s = the "
+            f"sum of the 4 core links one crossing uses, each {rec['data']['core_mbit']} Mbit/s), every load "
+            "balancing policy and the peers in the same processes: gloo (one device), gloo-4dev (one gloo device "
+            "per vNIC address; one collective still takes one device) and single (maestro on one path).\n\n"
+            + "\n\n".join(parts))
+
+
+def spines_cells(d: dict) -> dict:
+    """{(variant, bytes): busbw MB/s of each trial} of the spines experiment."""
+    return trial_cells(d["runs"], 1e3)
+
+
+def sec_spines(rec, out):
+    d = rec["data"]
+    limit = d["physical_limit_GBps"] * 1e3
+    cells = spines_cells(d)
+    variants = d["variants"]
+    sizes = sorted({b for _, b in cells})
+    med = {k: statistics.median(v) for k, v in cells.items()}
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    errorbar_trials(ax, cells, variants, sizes, 0.12, lambda v: "s--" if is_gloo(v) else "o-")
+    ax.axhline(limit, color="red", ls=":", label="physical limit")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes")
+    ax.set_ylabel("busbw (MB/s)")
+    ax.set_title("allreduce, 8 spines, 4 vNICs per host, ECMP")
+    ax.legend(fontsize=8)
+    trs = []
+    for s in sizes:
+        trs.append([size_label(s)] + [spread_cell(med[(v, s)], cells[(v, s)]) for v in variants]
+                   + [f"{med[(v, s)] / limit:.2f}" for v in variants if is_maestro(v)]
+                   + [f"{med[('adaptive', s)] / med[('adaptive@paths=4', s)]:.2f}",
+                      f"{med[('adaptive', s)] / med[('gloo', s)]:.2f}"])
+    hdr = (["size"] + [f"{v} busbw MB/s" for v in variants] + [f"{v} / limit" for v in variants if is_maestro(v)]
+           + ["adaptive / adaptive@paths=4", "adaptive / gloo"])
+    return ("More spines than vNICs (paths=auto)",
+            f"nccl-tests busbw of allreduce on 4 ranks, {d['lab']} (the ring crosses the core twice; physical limit "
+            f"{limit:.0f} MB/s: the access link of {d['access_mbit']} Mbit/s, below the {d['spines']} core links of "
+            f"{d['core_mbit']} Mbit/s that one crossing can use). **adaptive** is maestro as it comes: "
+            "MAESTRO_PATHS=auto counts the spines with the set-up's route probes and opens one path per spine; "
+            "**adaptive@paths=4** is one path per vNIC, the count before auto; both run discovery (auto). Median "
+            f"(min-max) over {len(d['runs'])} interleaved trials, each rotating the order of the variants.\n\n"
+            + table(hdr, trs) + "\n\n" + save(fig, out, "spines"))
+
+
+def sec_p2p_alltoall(rec, out):
+    d = rec["data"]
+    limits = {k: x * 1e3 for k, x in d["physical_limit_GBps"].items()}
+    fig, axes = plt.subplots(1, len(d["runs"]), figsize=(6 * len(d["runs"]), 3.8), squeeze=False)
+    parts = []
+    for ax, (coll, run) in zip(axes[0], d["runs"].items()):
+        plot_sweep(ax, run, f"pinned {coll}", limits.get(coll), spread=True)
+        variants, sizes, get = sweep_grid(run)
+        trs = []
+        for s in sizes:
+            bw = {v: get[(v, s)]["busbw_GBps"] * 1e3 for v in variants}
+            g = best_gloo(bw)
+            ad, one = bw.get("adaptive"), bw.get("single")
+            trs.append([size_label(s)] + [spread_cell(bw[v], iter_busbw(get[(v, s)])) for v in variants]
+                       + [g[0] if g else "-", ad / g[1] if g and ad else "-", ad / one if ad and one else "-"])
+        wrong = sorted({f"{r['variant']} at {size_label(r['bytes'])}" for r in run["rows"] if r.get("exact") is False})
+        parts.append(f"**{coll}** (physical limit {limits[coll]:.0f} MB/s)\n\n"
+                     + table(["size"] + [f"{v} busbw MB/s" for v in variants]
+                             + ["best gloo", "adaptive / best gloo", "adaptive / single"], trs)
+                     + not_measured(variants)
+                     + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else ""))
+    return ("Point to point and all-to-all vs gloo",
+            f"nccl-tests style on 4 ranks of the pinned lab ({d['core_mbit']} Mbit/s per core link, "
+            f"{d['access_mbit']} Mbit/s access), the peers in the same processes, timed alternately. **sendrecv**: "
+            "every rank sends `size` bytes to rank+1 and receives as many from rank-1, both posted with "
+            "batch_isend_irecv; busbw = algbw. The ring crosses the core twice in opposite directions (1 -> 2, "
+            "3 -> 0): the limit is the 4 core links of one crossing. **alltoall**: all_to_all_single of `size` "
+            "bytes per rank (its own share included) in equal splits; busbw = algbw x 3/4. Each direction of the "
+            "core carries `size` bytes whatever the algorithm (2 ranks x 2 remote ranks x size/4), so busbw is at "
+            "most 3/4 of the 4 core links. Cells: busbw median (min-max) over the iterations, each timed on the "
+            "slowest rank; adaptive = maestro's default policy, single = maestro on one path, gloo-4dev = one "
+            "gloo device per vNIC address. Every result was checked after the warm-up.\n\n"
+            + "\n\n".join(parts) + "\n\n" + save(fig, out, "p2p_alltoall"))
+
+
+def trial_cells(trials: list, scale: float) -> dict:
+    """{(variant, bytes): [busbw_GBps x scale, one per trial]} of interleaved sweep trials."""
+    cells = {}
+    for run in trials:
+        for r in run["rows"]:
+            cells.setdefault((r["variant"], r["bytes"]), []).append(r["busbw_GBps"] * scale)
+    return cells
+
+
+def errorbar_trials(ax, cells: dict, variants: list, sizes: list, step: float, fmt) -> None:
+    """Each variant's median over trials vs size, its min-max as error bars,
+    the variants' points a little aside so that they do not hide one another;
+    fmt(variant) is the line style."""
+    for i, v in enumerate(variants):
+        xs = [b * 2 ** (step * (i - (len(variants) - 1) / 2)) for b in sizes]
+        ys = [statistics.median(cells[(v, b)]) for b in sizes]
+        lo = [y - min(cells[(v, b)]) for y, b in zip(ys, sizes)]
+        hi = [max(cells[(v, b)]) - y for y, b in zip(ys, sizes)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt=fmt(v), capsize=3, label=v)
+
+
+def cpu_cells(trials: list) -> dict:
+    """{(variant, bytes): [CPU seconds per GB, the mean over ranks, one per trial]} of sweep trials
+    that recorded it (rank_bench's cpu_s_per_GB), else {}."""
+    cells = {}
+    for run in trials:
+        for r in run["rows"]:
+            if r.get("cpu_s_per_GB"):
+                cells.setdefault((r["variant"], r["bytes"]), []).append(statistics.mean(r["cpu_s_per_GB"]))
+    return cells
+
+
+def mid_size_cells(d: dict) -> dict:
+    """{(collective, variant, bytes): [busbw as a fraction of the limit, one per trial]}."""
+    return {(coll, v, b): xs for coll, trials in d["runs"].items()
+            for (v, b), xs in trial_cells(trials, 1 / d["physical_limit_GBps"]).items()}
+
+
+def sec_mid_size(rec, out):
+    d = rec["data"]
+    cells = mid_size_cells(d)
+    variants = d["variants"]
+    sizes = sorted({b for _, _, b in cells})
+    policies = [v for v in variants if "@" not in v]
+    parts = []
+    fig, axes = plt.subplots(1, len(d["runs"]), figsize=(6 * len(d["runs"]), 3.6), squeeze=False)
+    for ax, coll in zip(axes[0], d["runs"]):
+        rows = []
+        for b in sizes:
+            med = {v: statistics.median(cells[(coll, v, b)]) for v in variants}
+            rows.append([size_label(b)]
+                        + [f"{med[v]:.2f} [{min(cells[(coll, v, b)]):.2f}-{max(cells[(coll, v, b)]):.2f}]"
+                           for v in variants]
+                        + [f"{med[p] / med[p + '@min_chunk_size=256K']:.2f}" for p in policies])
+        errorbar_trials(ax, {(v, b): xs for (c, v, b), xs in cells.items() if c == coll}, variants, sizes, 0.08,
+                        lambda v: "o--" if "@" in v else "o-")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [size_label(b) for b in sizes])
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("busbw / physical limit")
+        ax.set_title(f"{coll}, pinned, 4 ranks")
+        ax.legend(fontsize=7)
+        parts.append(f"**{coll}**\n\n" + table(["size"] + variants + [f"{p}: cut / whole" for p in policies], rows))
+        cpu = cpu_cells(d["runs"][coll])
+        if cpu:
+            parts.append(f"{coll}, CPU seconds per GB of messages (each rank's, all its threads, over the timed "
+                         "iterations; the mean over ranks, median [min-max] over trials):\n\n"
+                         + table(["size"] + variants,
+                                 [[size_label(b)] + [f"{statistics.median(cpu[(v, b)]):.2f} "
+                                                     f"[{min(cpu[(v, b)]):.2f}-{max(cpu[(v, b)]):.2f}]"
+                                                     if (v, b) in cpu else "-" for v in variants]
+                                  for b in sizes]))
+    trials = len(next(iter(d["runs"].values())))
+    return ("Mid-size messages: one chunk per path",
+            f"busbw as a fraction of the physical limit ({d['physical_limit_GBps'] * 1e3:.0f} MB/s), median "
+            f"[min-max] of {trials} interleaved trials (each rotates the order of the variants). The defaults cut "
+            "a message shorter than one chunk per path (4 x 256 KiB) into one chunk per path, none under 64 KiB "
+            "(`MAESTRO_MIN_CHUNK_SIZE=auto`), and a ring whose blocks are at most one 64 KiB chunk per path (here "
+            "above 256 KiB and up to 1 MiB) sends them in 64 KiB messages, each forwarded as it lands; "
+            "`@min_chunk_size=256K` keeps whole 256 KiB chunks and whole blocks, as before. A 4-rank ring sends "
+            "blocks of a quarter of the message: at 256 KiB they are 64 KiB, one chunk either way.\n\n"
+            + "\n\n".join(parts) + "\n\n" + save(fig, out, "mid_size"))
