@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 #include <sstream>
 
@@ -72,6 +73,17 @@ std::string oneOf(const std::string& knob, const std::string& text,
   std::string list;
   for (size_t i = 0; i < allowed.size(); ++i) list += (i ? ", " : "") + allowed[i];
   fail(knob, "='", text, "' is not one of ", list);
+}
+
+// MAESTRO_POLICY's text: the policies' names from kPolicies (a knob's text
+// lives as long as the knob table).
+const char* policyDoc() {
+  static const std::string doc = [] {
+    std::string d = "load balancer: ";
+    for (size_t i = 0; i < std::size(kPolicies); ++i) d += strcat(i ? ", " : "", kPolicies[i].name);
+    return d;
+  }();
+  return doc.c_str();
 }
 
 bool isIpLiteral(const std::string& s) {
@@ -178,17 +190,14 @@ std::vector<Knob> schedulingKnobs() {
        "chunk size: off",
        true, [](const Config& c) { return autoOrNumber(c.min_chunk_size); },
        [](Config& c, const std::string& v) { setChunkBytes(c.min_chunk_size, "MAESTRO_MIN_CHUNK_SIZE", v); }},
-      {"policy", "MAESTRO_POLICY", "adaptive",
-       "load balancer: round_robin, weighted, adaptive, latency, single", true,
+      {"policy", "MAESTRO_POLICY", "adaptive", policyDoc(), true,
        [](const Config& c) { return std::string(policyName(c.policy)); },
        [](Config& c, const std::string& v) {
-         std::string p = oneOf("MAESTRO_POLICY", v,
-                               {"round_robin", "weighted", "adaptive", "latency", "single"});
-         c.policy = p == "round_robin" ? Policy::kRoundRobin
-                    : p == "weighted"  ? Policy::kWeighted
-                    : p == "adaptive"  ? Policy::kAdaptive
-                    : p == "latency"   ? Policy::kLatency
-                                       : Policy::kSingle;
+         std::vector<std::string> names;
+         for (const auto& p : kPolicies) names.push_back(p.name);
+         const std::string name = oneOf("MAESTRO_POLICY", v, names);
+         for (const auto& p : kPolicies)
+           if (name == p.name) c.policy = p.policy;
        }},
       {"weights", "MAESTRO_WEIGHTS", "",
        "policy=weighted: comma-separated relative path weights (empty: measured throughput)",
@@ -465,13 +474,8 @@ size_t regCacheBytes(const Config& config, uint64_t memlock) {
 }
 
 const char* policyName(Policy policy) {
-  switch (policy) {
-    case Policy::kRoundRobin: return "round_robin";
-    case Policy::kWeighted: return "weighted";
-    case Policy::kAdaptive: return "adaptive";
-    case Policy::kLatency: return "latency";
-    case Policy::kSingle: return "single";
-  }
+  for (const auto& p : kPolicies)
+    if (p.policy == policy) return p.name;
   return "?";
 }
 

@@ -20,6 +20,18 @@
 namespace maestro {
 
 enum class Policy { kRoundRobin, kWeighted, kAdaptive, kLatency, kSingle };
+// Every policy with its name (MAESTRO_POLICY's values): the one place they
+// are declared; parsing, policyName(), the knob's text and each scheduler's
+// name() come from it.
+struct PolicyName {
+  Policy policy;
+  const char* name;
+};
+inline constexpr PolicyName kPolicies[] = {{Policy::kRoundRobin, "round_robin"},
+                                           {Policy::kWeighted, "weighted"},
+                                           {Policy::kAdaptive, "adaptive"},
+                                           {Policy::kLatency, "latency"},
+                                           {Policy::kSingle, "single"}};
 const char* policyName(Policy policy);
 
 struct Config {

@@ -19,7 +19,7 @@ bool anyUp(const std::vector<PathView>& paths) {
 // round_robin: chunk i on path i mod N, skipping paths that are down.
 class RoundRobin : public Scheduler {
  public:
-  const char* name() const override { return "round_robin"; }
+  const char* name() const override { return policyName(Policy::kRoundRobin); }
   int assign(const std::vector<PathView>& paths, uint64_t) override {
     const int n = static_cast<int>(paths.size());
     for (int k = 0; k < n; ++k) {
@@ -39,7 +39,7 @@ class RoundRobin : public Scheduler {
 // single: one path (the lowest-numbered one that is up): the baseline.
 class Single : public Scheduler {
  public:
-  const char* name() const override { return "single"; }
+  const char* name() const override { return policyName(Policy::kSingle); }
   int assign(const std::vector<PathView>& paths, uint64_t) override {
     for (size_t p = 0; p < paths.size(); ++p)
       if (paths[p].up) return static_cast<int>(p);
@@ -53,7 +53,7 @@ class Single : public Scheduler {
 class Weighted : public Scheduler {
  public:
   explicit Weighted(std::vector<double> configured) : configured_(std::move(configured)) {}
-  const char* name() const override { return "weighted"; }
+  const char* name() const override { return policyName(Policy::kWeighted); }
   int assign(const std::vector<PathView>& paths, uint64_t) override {
     const size_t n = paths.size();
     if (current_.size() != n) current_.assign(n, 0.0);
@@ -126,7 +126,7 @@ class Weighted : public Scheduler {
 // estimated finish decides, within kMargin, and the tail rule with it.
 class Adaptive : public Scheduler {
  public:
-  const char* name() const override { return "adaptive"; }
+  const char* name() const override { return policyName(Policy::kAdaptive); }
   int assign(const std::vector<PathView>& paths, uint64_t) override {
     return anyUp(paths) ? kAnyPath : kNoPath;
   }
@@ -263,7 +263,7 @@ class Adaptive : public Scheduler {
 class Latency : public Adaptive {
  public:
   explicit Latency(uint64_t small_msg) : small_msg_(small_msg) {}
-  const char* name() const override { return "latency"; }
+  const char* name() const override { return policyName(Policy::kLatency); }
   int assign(const std::vector<PathView>& paths, uint64_t message_bytes) override {
     if (message_bytes > small_msg_) return Adaptive::assign(paths, message_bytes);
     int best = kNoPath;
