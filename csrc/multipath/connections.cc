@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/thread.h"
 #include "multipath/engine_state.h"
+#include "multipath/sender.h"
 
 namespace maestro {
 namespace multipath {
@@ -31,6 +32,7 @@ void EngineCore::installLocked(Peer& p, const PeerPaths& paths) {
   {
     const auto now = Clock::now();
     p.paths.resize(paths.ids.size());
+    sender_->install(peer, paths.ids.size(), now);  // their progress counts from now
     p.last_heard = now;  // connected: heard, and no silence to come back from
     for (size_t i = 0; i < paths.ids.size(); ++i) {
       PathSlot& slot = p.paths[i];
@@ -38,7 +40,6 @@ void EngineCore::installLocked(Peer& p, const PeerPaths& paths) {
       slot.initiated = paths.initiator;
       slot.up = paths.up[i];
       slot.route = paths.routes[i];
-      slot.last_progress = now;
       slot.description = mesh_.transport->describePath(peer, slot.id);
       if (!slot.up) slot.last_error = "did not connect (retried in the background)";
       if (static_cast<int>(p.slot_of.size()) <= slot.id) p.slot_of.resize(slot.id + 1, -1);
@@ -56,10 +57,7 @@ void EngineCore::installLocked(Peer& p, const PeerPaths& paths) {
       } catch (const Error&) {
         // No path up: the peer is unreachable (postControl said why).
       }
-      std::deque<ChunkDesc*> waiting_chunks;
-      waiting_chunks.swap(p.shared);
-      for (ChunkDesc* c : waiting_chunks) enqueue(p, c);
-      pumpAll(p);
+      sender_->placeWaiting(peer);
     }
   }
 }

@@ -206,6 +206,7 @@ void EngineCore::settle() {
   // arrive as soon as it does. Its paths are set when its pair connects.
   p2p_waiting_.assign(size_, 0);
   for (int i = 0; i < size_; ++i) peers_.push_back(std::make_unique<Peer>(i, config_, chunkingFor(i)));
+  startSender();
 }
 
 Chunking EngineCore::chunkingFor(int peer) const {

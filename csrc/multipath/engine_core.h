@@ -1,8 +1,23 @@
 // The engine's implementation behind the Engine facade (engine.h): one
 // class whose methods are defined by concept in engine.cc (set-up, shutdown,
-// buffers, progress), sender.cc, receiver.cc, control.cc, failover.cc,
-// monitor.cc, hunting.cc, connections.cc, shared_paths.cc and
-// path_stats.cc. Internal: only those files (and engine_state.h) include it.
+// buffers, progress), receiver.cc, control.cc, failover.cc, monitor.cc,
+// hunting.cc, connections.cc, shared_paths.cc and path_stats.cc, and a
+// component it holds: the sender (sender.h, held as sender_), which owns
+// the send side of every peer and path; sender.cc defines it and the core's
+// methods about sending. This header does not include sender.h, so that a
+// change to the sender recompiles only the files that call it (sender.cc,
+// failover.cc, monitor.cc, path_stats.cc, connections.cc); the others reach
+// it through pumpAll(), requeue() and inflight(). Internal: only the
+// engine's files (and engine_state.h) include it.
+//
+// Locking: each peer's state, its health and its send side alike, is
+// guarded by its Peer::mu (engine_state.h); the sender keeps no lock of its
+// own for its share (sender.h). One order: channels_mu_ (the monitor ticks
+// the groups on its paths under it), then one peer's mu -- never two
+// peers' at once -- then the short locks taken under it: monitor_mu_,
+// active_mu_, connecting_mu_, the owner's reconnect_mu_, event_mu_
+// (notify()), the sender's samples lock and the transport's own. None of
+// those is held while a peer's mu is taken.
 #pragma once
 
 #include <atomic>
@@ -28,13 +43,13 @@
 #include "multipath/metrics.h"
 #include "multipath/qp_manager.h"
 #include "multipath/reassembler.h"
-#include "multipath/scheduler.h"
 #include "transport/transport.h"
 
 namespace maestro {
 namespace multipath {
 
 struct BusyPath;
+class Sender;
 
 class EngineCore : public ChannelSink {
  public:
@@ -120,19 +135,17 @@ class EngineCore : public ChannelSink {
   struct Peer;
 
   void notify();
-  void pump(Peer& peer, int path, bool pull = true);  // peer.mu held: fill one path's window
-  void pumpAll(Peer& peer);                            // peer.mu held: every path, shared chunks spread
-  void post(Peer& peer, int path, ChunkDesc* c);       // peer.mu held
-  void enqueue(Peer& peer, ChunkDesc* chunk);      // peer.mu held
-  // peer.mu held; `placing`: the message whose chunk the scheduler places next
-  std::vector<PathView> views(const Peer& peer, const SendOp* placing = nullptr) const;
-  void failSends(Peer& peer, const std::string& why);    // peer.mu held
+  // The sender's verbs for the files that need no more of it (sender.cc).
+  void pumpAll(Peer& peer);                   // peer.mu held: every path's window filled, shared chunks spread
+  void requeue(Peer& peer, int slot);         // peer.mu held: what waits on the path moves to its siblings
+  int inflight(const Peer& peer, int slot) const;  // peer.mu held: chunks in flight on the path
+  class SendLinks;  // what the sender asks of the core (sender.cc)
+  void startSender();  // settle(): once the peers' chunking is known
   void markUnreachable(Peer& peer, const std::string& why);  // peer.mu held
   int controlPath(const Peer& peer) const;         // peer.mu held
   static int slotOf(const Peer& peer, int transport_path);  // peer.mu held; -1 if not a path of ours
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void doubt(Peer& peer, int slot, const std::string& why);        // peer.mu held: set aside and probed
-  void requeue(Peer& peer, PathSlot& slot);  // peer.mu held: what waits on the path moves to its siblings
   void fence(Peer& peer, int slot);          // peer.mu held: what is in flight on it moves too, if it can
   void sendFence(Peer& peer, const PathSlot& via, const PathSlot& fenced);  // peer.mu held
   double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
@@ -148,7 +161,7 @@ class EngineCore : public ChannelSink {
   void silenceLook(Peer& peer, int rank, Look& look);        // peer.mu held
   void judgeStalled(Peer& peer, int rank, Look& look);
   void act(int peer, const Look& look);
-  BusyPath busyPath(const Peer& peer, const PathSlot& slot, Clock::time_point now) const;  // peer.mu held
+  BusyPath busyPath(const Peer& peer, int slot, Clock::time_point now) const;  // peer.mu held
   void reconnectLoop();
   void reconnectPath(int peer, int transport_path, Clock::time_point until);
   // Path hunting, on the reconnect thread (probes and connects block).
@@ -246,6 +259,12 @@ class EngineCore : public ChannelSink {
   std::unique_ptr<QpManager> qp_;
   Mesh mesh_;
   std::vector<std::unique_ptr<Peer>> peers_;
+  // The send side of every peer (guarded by each peer's mu). Destroyed
+  // through sender.cc, so that engine.cc need not include sender.h.
+  struct SenderDeleter {
+    void operator()(Sender* sender) const;
+  };
+  std::unique_ptr<Sender, SenderDeleter> sender_;
   // How long a pair connected on demand waits for its peer: the group's
   // timeout, as the set-up had.
   Clock::duration connect_wait_{};
@@ -288,9 +307,6 @@ class EngineCore : public ChannelSink {
   std::deque<P2PMessage> p2p_inbox_;
   std::vector<size_t> p2p_waiting_;  // per peer, in p2p_inbox_
 
-  std::mutex samples_mu_;
-  std::vector<double> chunk_samples_;  // ring buffer of chunk completion times
-  size_t chunk_sample_next_ = 0;
   std::atomic<uint32_t> current_epoch_{0};
   std::atomic<bool> stopping_{false};
   std::mutex monitor_mu_;

@@ -1,7 +1,11 @@
-// The engine's per-peer and per-path state, shared by the files that
-// implement EngineCore (engine_core.h): engine.cc, sender.cc, receiver.cc,
-// control.cc, failover.cc, monitor.cc, hunting.cc, connections.cc,
-// shared_paths.cc and path_stats.cc. Internal: no other file includes it.
+// The engine's per-peer and per-path state -- health, connection, control
+// and receive side -- shared by the files that implement EngineCore
+// (engine_core.h): engine.cc, sender.cc, receiver.cc, control.cc,
+// failover.cc, monitor.cc, hunting.cc, connections.cc, shared_paths.cc and
+// path_stats.cc. The send side (queues, chunks in flight, the messages
+// being sent, what each path carried) is the sender's (sender.h), indexed
+// by the same peer and path, and guarded by the same Peer::mu. Internal: no
+// other file includes it.
 #pragma once
 
 #include <chrono>
@@ -16,9 +20,7 @@
 
 #include "multipath/engine_core.h"
 #include "multipath/path_health.h"
-#include "multipath/rate_estimate.h"
 #include "multipath/reassembler.h"
-#include "multipath/scheduler.h"
 
 namespace maestro {
 namespace multipath {
@@ -66,10 +68,6 @@ struct EngineCore::PathSlot {
   int id = -1;             // the transport's path id
   bool initiated = false;  // this rank opened it, and reopens it after a failure
   bool up = false;
-  // Connections this path has had. A chunk remembers the one it was posted
-  // on, so a late flush from a replaced connection neither takes the new one
-  // down nor unbalances its in-flight count.
-  uint32_t generation = 0;
   // The peer reported this path dead (kPathDown). The notice may be about a
   // connection that has since been replaced, so unless our own chunks on it
   // are stuck too, the path is not closed on the peer's word: it is set
@@ -90,14 +88,9 @@ struct EngineCore::PathSlot {
   std::string route;
   uint64_t reconnects = 0;
   HuntState hunt;
-  uint64_t tick_bytes = 0;  // bytes_sent at the hunter's last look
-  std::deque<ChunkDesc*> queue;  // assigned here, not yet posted
-  int inflight = 0;
-  uint64_t bytes_sent = 0, bytes_received = 0, chunks_sent = 0, chunks_received = 0, errors = 0, resent = 0;
+  uint64_t tick_bytes = 0;  // the sender's bytes_sent at the hunter's last look
+  uint64_t bytes_received = 0, chunks_received = 0, errors = 0;
   // Monitor.
-  Clock::time_point last_progress{};
-  double completion = 0;     // EWMA seconds per chunk
-  RateEstimate rate;         // throughput while busy
   double rtt = 0;            // EWMA probe RTT
   Clock::time_point ping_sent{};
   bool ping_outstanding = false;
@@ -115,11 +108,10 @@ struct EngineCore::PathSlot {
 
 struct EngineCore::Peer {
   Peer(int rank, const Config& config, const Chunking& chunking)
-      : rank(rank), lately(heardLately(config.probe_interval)), scheduler(makeScheduler(config)),
-        reassembler(chunking) {}
+      : rank(rank), lately(heardLately(config.probe_interval)), reassembler(chunking) {}
   const int rank;
   const double lately;  // heardLately(): silence past this is a silence of the peer (or of this process)
-  std::mutex mu;
+  std::mutex mu;  // everything of this peer's, and its send side in the sender (engine_core.h: Locking)
   std::vector<PathSlot> paths;
   // Up, and not in doubt -- unless every up path is in doubt: then the
   // doubted ones still carry traffic rather than none.
@@ -134,11 +126,8 @@ struct EngineCore::Peer {
   // Up, not in doubt, not being re-opened.
   static bool inUse(const PathSlot& s) { return s.up && !s.doubted && !s.hunt.active; }
   std::vector<int> slot_of;       // transport path id -> index in paths (-1: not ours)
-  std::deque<ChunkDesc*> shared;  // kAnyPath chunks: the scheduler's pull() picks the path that takes each
-  std::unique_ptr<Scheduler> scheduler;
   Reassembler reassembler;
   std::map<ControlKey, std::vector<uint8_t>> inbox;
-  std::unordered_map<SendOp*, std::shared_ptr<SendOp>> sending;
   std::unordered_map<uint32_t, std::shared_ptr<RecvOp>> receiving;  // by tag
   // Not yet asked for, being connected (on first use), or connected (its
   // paths are set: `paths` is empty until then).

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "multipath/path_health.h"
+#include "multipath/sender.h"
 
 namespace maestro {
 namespace multipath {
@@ -23,7 +24,8 @@ void EngineCore::markUnreachable(Peer& peer, const std::string& why) {
     if (peer.left || stopping_) MAESTRO_INFO(why);
     else MAESTRO_WARN(why);
   }
-  failSends(peer, peer.error);
+  sender_->fail(peer.rank, peer.error);
+  notify();  // waiters see the failed operations (and checkPeer() the unreachable peer)
 }
 
 void EngineCore::onPathError(int peer, int transport_path, const std::string& what) {
@@ -47,24 +49,22 @@ void EngineCore::onPathUp(int peer, int transport_path) {
     if (slot.up) return;
     const bool hunted = slot.hunt.active;
     slot.up = true;
-    slot.generation++;
     slot.doubted = false;
     if (hunted) {
       // Re-opened by hunting (either side): a fresh connection on another
-      // route; its throughput is measured anew.
+      // route; its throughput is measured anew (pathUp() below).
       slot.hunt.active = false;
       slot.hunt.hunts++;
       slot.hunt.reopened = Clock::now();
       slot.hunt.slow_for = 0;
       slot.route = std::move(slot.hunt.next_route);
       slot.hunt.next_route.clear();
-      slot.rate.reset();
     } else {
       slot.reconnects++;
     }
-    slot.inflight = 0;  // the old connection flushed everything it held
+    // The old connection flushed everything it held.
+    sender_->pathUp(peer, path, hunted, Clock::now());
     slot.fenced = 0;
-    slot.last_progress = Clock::now();
     slot.ping_outstanding = false;
     // Chunks withdrawn from a path still set aside may come here: the peer
     // hears of that fence on this path first.
@@ -106,10 +106,9 @@ void EngineCore::pathDown(Peer& p, int path, const std::string& what) {
         monitor_cv_.notify_all();
       }
     }
-    // Chunks queued on it move to the live paths; the ones in flight come
-    // back as flushed completions and move then.
-    std::deque<ChunkDesc*> orphans;
-    orphans.swap(slot.queue);
+    // Chunks queued on it move to the live paths (those of a peer now
+    // unreachable are dropped); the ones in flight come back as flushed
+    // completions and move then.
     bool any_up = false;
     for (const auto& s : p.paths) any_up = any_up || s.up;
     if (!any_up && p.left) {
@@ -134,8 +133,7 @@ void EngineCore::pathDown(Peer& p, int path, const std::string& what) {
                                            : std::string(),
                                 errors));
     } else {
-      for (ChunkDesc* c : orphans) enqueue(p, c);
-      pumpAll(p);
+      requeue(p, path);
       resendUnconfirmed(p, slot);
     }
   }
@@ -189,14 +187,15 @@ void EngineCore::doubt(Peer& p, int path, const std::string& why) {
   }
   // What waits on it moves now, as if it were down; if it answers, the
   // duplicates are harmless (control messages are idempotent by key).
-  requeue(p, slot);
+  requeue(p, path);
   resendUnconfirmed(p, slot);
   fence(p, path);
 }
 
 void EngineCore::fence(Peer& p, int path) {
   PathSlot& slot = p.paths[path];
-  if (slot.inflight == 0) return;
+  const int inflight = sender_->inflight(p.rank, path);
+  if (inflight == 0) return;
   // Only where they can go: with no other path in use they stay (and the
   // path keeps carrying traffic, see Peer::usable()).
   bool elsewhere = false;
@@ -210,9 +209,9 @@ void EngineCore::fence(Peer& p, int path) {
   // after the copy, when the place may hold the next message's bytes.
   const uint64_t mark = mesh_.transport->withdrawWrites(p.rank, slot.id);
   if (mark == 0) return;  // the transport cannot: they move once the path is closed
-  slot.fenced = slot.inflight;
+  slot.fenced = inflight;
   slot.fence_mark = mark;
-  MAESTRO_INFO("path ", path, " to rank ", p.rank, ": its ", slot.inflight,
+  MAESTRO_INFO("path ", path, " to rank ", p.rank, ": its ", inflight,
                " chunks in flight are sent again on the other paths");
   for (const PathSlot& s : p.paths)
     if (&s != &slot && s.up) sendFence(p, s, slot);
@@ -232,31 +231,13 @@ void EngineCore::sendFence(Peer& p, const PathSlot& via, const PathSlot& fenced)
 
 void EngineCore::onWriteWithdrawn(int peer, int transport_path, uint64_t wr_id) {
   (void)transport_path;
-  auto* c = reinterpret_cast<ChunkDesc*>(wr_id);
-  SendOp* op = c->op;
   Peer& p = *peers_[peer];
   bool finished = false;
   {
     std::lock_guard<std::mutex> lock(p.mu);
-    PathSlot& slot = p.paths[c->path];
-    if (c->generation == slot.generation) slot.inflight--;
-    op->outstanding_--;
-    if (!op->failed()) {
-      slot.resent++;
-      enqueue(p, c);
-    }
-    finished = op->failed() && op->outstanding_ == 0;
-    if (finished) p.sending.erase(op);  // may free op (and c)
-    pumpAll(p);
+    finished = sender_->withdrawn(peer, reinterpret_cast<ChunkDesc*>(wr_id));  // sent again elsewhere
   }
   if (finished) notify();
-}
-
-void EngineCore::requeue(Peer& p, PathSlot& slot) {
-  std::deque<ChunkDesc*> queued;
-  queued.swap(slot.queue);
-  for (ChunkDesc* c : queued) enqueue(p, c);
-  pumpAll(p);
 }
 
 // ---------------------------------------------------------------- health messages
@@ -309,11 +290,11 @@ bool EngineCore::onPathDownNotice(Peer& p, const ControlIn& m) {
     std::lock_guard<std::mutex> lock(p.mu);
     int slot_index = slotOf(p, static_cast<int>(m.sub));
     if (slot_index < 0 || !p.paths[slot_index].up || p.paths[slot_index].doubted) return false;
-    const PathSlot& s = p.paths[slot_index];
     // Our own chunks on it are stuck as well: the report is about this
     // connection, and they move only once it is closed. Otherwise nothing
     // waits on it: verify before believing.
-    close = s.inflight > 0 && seconds(Clock::now() - s.last_progress) > kMinDoubtWindow;
+    close = sender_->inflight(p.rank, slot_index) > 0 &&
+            seconds(Clock::now() - sender_->lastProgress(p.rank, slot_index)) > kMinDoubtWindow;
     if (!close) doubt(p, slot_index, strcat("rank ", m.peer, " reports path ", slot_index, " dead"));
   }
   if (close) mesh_.transport->closePath(m.peer, static_cast<int>(m.sub), "the peer found this path dead");

@@ -211,7 +211,7 @@ void EngineCore::reopenPath(int peer, int id, uint16_t port, const std::string& 
     slot.hunt.active = true;
     slot.hunt.since = Clock::now();
     slot.hunt.next_route = route;
-    requeue(p, slot);
+    requeue(p, slot_index);
   }
   notify();
   mux_->pathMoving(peer, id, true, route);  // the groups on shared paths drain it too
@@ -227,7 +227,7 @@ void EngineCore::reopenPath(int peer, int id, uint16_t port, const std::string& 
       std::lock_guard<std::mutex> lock(p.mu);
       int slot_index = slotOf(p, id);
       if (slot_index < 0 || !p.paths[slot_index].up) break;
-      ours_done = p.paths[slot_index].inflight == 0;
+      ours_done = inflight(p, slot_index) == 0;
     }
     if (ours_done && mux_->inflight(peer, id) == 0) break;  // (without our lock: the groups take theirs)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -280,7 +280,7 @@ bool EngineCore::onHuntNotice(Peer& p, const ControlIn& m) {
     PathSlot& slot = p.paths[slot_index];
     slot.hunt.active = true;
     slot.hunt.since = Clock::now();
-    requeue(p, slot);
+    requeue(p, slot_index);
   }
   mux_->pathMoving(m.peer, static_cast<int>(m.sub), true, "");  // the groups on it drain it too
   return true;

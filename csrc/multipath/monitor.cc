@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/thread.h"
 #include "multipath/engine_state.h"
+#include "multipath/sender.h"
 #include "multipath/path_health.h"
 
 namespace maestro {
@@ -112,14 +113,16 @@ bool EngineCore::monitorPeer(int peer, Clock::time_point now, bool probe, bool r
     // A stalled path is judged only once the peer is heard elsewhere: ask
     // the other paths now, not at the next probe.
     if (look.hear)
-      for (PathSlot& s : p.paths)
-        if (s.up && s.inflight == 0 && !s.ping_outstanding) look.ping(s);
+      for (size_t i = 0; i < p.paths.size(); ++i) {
+        PathSlot& s = p.paths[i];
+        if (s.up && sender_->inflight(peer, static_cast<int>(i)) == 0 && !s.ping_outstanding) look.ping(s);
+      }
     // Shared chunks wait only for completions and path events, which a
     // stalled path no longer brings: a chunk the tail rule left queued for a
     // path that has since stalled would wait for that path's timeout. Offer
     // it again every tick; the scheduler stops counting on a stalled path
     // after max(50 ms, 4 x its drain time).
-    if (!p.shared.empty() && !p.unreachable) pumpAll(p);
+    if (sender_->waiting(peer) && !p.unreachable) pumpAll(p);
   }
   judgeStalled(p, peer, look);
   act(peer, look);
@@ -138,10 +141,12 @@ void EngineCore::huntLook(Peer& p, Look& look) {
   std::vector<HuntState> states(p.paths.size());
   for (size_t i = 0; i < p.paths.size(); ++i) {
     PathSlot& s = p.paths[i];
-    samples[i].busy = s.inflight > 0 || s.bytes_sent != s.tick_bytes;
+    const int path = static_cast<int>(i);
+    const uint64_t sent = sender_->bytesSent(p.rank, path);
+    samples[i].busy = sender_->inflight(p.rank, path) > 0 || sent != s.tick_bytes;
     samples[i].usable = s.up && !s.doubted && !s.hunt.active;
-    samples[i].throughput = s.rate.busyRateSinceLastLook(now);
-    s.tick_bytes = s.bytes_sent;
+    samples[i].throughput = sender_->busyRateSinceLastLook(p.rank, path, now);
+    s.tick_bytes = sent;
     states[i] = s.hunt;
     // A re-opening the opener announced but never made (it failed): the
     // path carries chunks again.
@@ -177,9 +182,9 @@ void EngineCore::pathsLook(Peer& p, int peer, bool probe, Look& look) {
     // not acknowledged (asked outside this lock), or, where it cannot
     // tell, set aside and probed; and at path_timeout whatever else.
     Verdict busy;
-    if (s.inflight > 0 || s.fenced > 0 || !s.unconfirmed.empty()) {
+    if (sender_->inflight(peer, static_cast<int>(i)) > 0 || s.fenced > 0 || !s.unconfirmed.empty()) {
       look.busy_paths = true;
-      const BusyPath b = busyPath(p, s, now);
+      const BusyPath b = busyPath(p, static_cast<int>(i), now);
       busy = judgeBusyPath(b);
       if (busy.health != Health::kDead && worthAsking(b)) look.to_judge.push_back({static_cast<int>(i), s.id, b});
       else if (b.stalled > kStallFloor && !b.heard_since) look.hear = true;
@@ -199,7 +204,8 @@ void EngineCore::pathsLook(Peer& p, int peer, bool probe, Look& look) {
     // control messages that went on it before it died unconfirmed, and
     // so never re-sent, and the scheduler would count on it.
     else if (s.ping_outstanding && seconds(now - std::max(s.ping_sent, p.back_at)) > 2 * config_.path_timeout &&
-             s.last_progress < s.ping_sent && s.last_arrival < s.ping_sent && p.last_heard > s.ping_sent)
+             sender_->lastProgress(peer, static_cast<int>(i)) < s.ping_sent && s.last_arrival < s.ping_sent &&
+             p.last_heard > s.ping_sent)
       look.to_close.emplace_back(s.id, strcat("its probe has had no answer for ", 2 * config_.path_timeout,
                                               " s while rank ", peer, " answers on other paths"));
     if (probe && !s.ping_outstanding) look.ping(s);
@@ -212,7 +218,7 @@ void EngineCore::pathsLook(Peer& p, int peer, bool probe, Look& look) {
 // closed, so that the peer too learns, should it wake.
 void EngineCore::silenceLook(Peer& p, int peer, Look& look) {
   PeerSilence quiet;
-  quiet.waited_on = look.busy_paths || !p.sending.empty() || !p.receiving.empty();
+  quiet.waited_on = look.busy_paths || sender_->sending(peer) || !p.receiving.empty();
   quiet.peer_timeout = config_.peer_timeout;
   // Asked since: the oldest probe still unanswered, or the last word from
   // the peer if that came after it (a probe sent earlier may wait behind
@@ -248,7 +254,7 @@ void EngineCore::judgeStalled(Peer& p, int peer, Look& look) {
     if (v.health == Health::kFine) continue;
     std::lock_guard<std::mutex> lock(p.mu);
     PathSlot& s = p.paths[j.slot];
-    if (s.id != j.id || !s.up || busyPath(p, s, look.now).stalled < j.path.stalled) continue;  // it moved on meanwhile
+    if (s.id != j.id || !s.up || busyPath(p, j.slot, look.now).stalled < j.path.stalled) continue;  // it moved on meanwhile
     if (v.health == Health::kDead) look.to_close.emplace_back(j.id, v.why);
     else if (!s.doubted) doubt(p, j.slot, strcat("path ", j.slot, " to rank ", peer, ": ", v.why));
     else if (s.fenced == 0) fence(p, j.slot);
@@ -341,17 +347,19 @@ void EngineCore::reconnectPath(int peer, int id, Clock::time_point until) {
   if (slot >= 0) p.paths[slot].description = desc;
 }
 
-BusyPath EngineCore::busyPath(const Peer& p, const PathSlot& s, Clock::time_point now) const {
+BusyPath EngineCore::busyPath(const Peer& p, int slot, Clock::time_point now) const {
+  const PathSlot& s = p.paths[slot];
   BusyPath b;
-  b.inflight = s.inflight + s.fenced;
+  b.inflight = sender_->inflight(p.rank, slot) + s.fenced;
   b.control = static_cast<int>(s.unconfirmed.size());
   // Held since: the last completion (or the post that made it busy); with
   // no chunk, its oldest control message not known to have arrived.
   const Clock::time_point since = std::max(
-      p.back_at, b.inflight > 0 ? s.last_progress : (s.unconfirmed.empty() ? now : s.unconfirmed.front().at));
+      p.back_at,
+      b.inflight > 0 ? sender_->lastProgress(p.rank, slot) : (s.unconfirmed.empty() ? now : s.unconfirmed.front().at));
   b.stalled = seconds(now - since);
   b.chunk_bytes = static_cast<double>(config_.chunk_size);
-  b.throughput = s.rate.value();
+  b.throughput = sender_->throughput(p.rank, slot);
   b.rtt = s.rtt;
   b.heard_since = p.last_heard > since && seconds(now - p.last_heard) <= p.lately;
   b.doubted = s.doubted;

@@ -3,6 +3,7 @@
 // times the benchmarks sample.
 #include "multipath/engine_core.h"
 #include "multipath/engine_state.h"
+#include "multipath/sender.h"
 
 #include <iomanip>
 #include <sstream>
@@ -29,8 +30,8 @@ std::vector<PathStats> EngineCore::pathStats() const {
       st.peer = peer;
       st.path = static_cast<int>(i);
       // Suspect: set aside, or holding chunks past the stall that raises suspicion.
-      const bool stalled = s.inflight > 0 && [&] {
-        const BusyPath b = busyPath(p, s, Clock::now());
+      const bool stalled = sender_->inflight(peer, st.path) > 0 && [&] {
+        const BusyPath b = busyPath(p, st.path, Clock::now());
         return b.stalled > suspectAfter(b);
       }();
       st.state = !s.up ? "down" : (s.doubted || stalled) ? "suspect" : "up";
@@ -39,14 +40,10 @@ std::vector<PathStats> EngineCore::pathStats() const {
       st.route = s.route;
       st.reconnects = s.reconnects;
       st.hunts = s.hunt.hunts;
-      st.bytes_sent = s.bytes_sent;
+      sender_->stats(peer, st.path, &st);  // bytes and chunks sent, resent, throughput, completion time
       st.bytes_received = s.bytes_received;
-      st.chunks_sent = s.chunks_sent;
       st.chunks_received = s.chunks_received;
       st.errors = s.errors;
-      st.resent = s.resent;
-      st.throughput = s.rate.value();
-      st.completion_time = s.completion;
       st.rtt = s.rtt;
       out.push_back(st);
       ids.push_back(s.id);
@@ -75,15 +72,7 @@ double PathStats::retransmitted() const {
   return static_cast<double>(again->second) / static_cast<double>(sent->second);
 }
 
-std::vector<double> EngineCore::chunkTimes(bool clear) {
-  std::lock_guard<std::mutex> lock(samples_mu_);
-  std::vector<double> out = chunk_samples_;
-  if (clear) {
-    chunk_samples_.clear();
-    chunk_sample_next_ = 0;
-  }
-  return out;
-}
+std::vector<double> EngineCore::chunkTimes(bool clear) { return sender_->chunkTimes(clear); }
 
 std::string EngineCore::pathTable() const {
   std::ostringstream os;

@@ -227,20 +227,13 @@ void EngineCore::onPathMoving(int peer, int transport_path, bool moving, const s
       slot.hunt.active = true;
       slot.hunt.since = Clock::now();
       slot.hunt.next_route = route;
-      requeue(p, slot);
+      requeue(p, slot_index);
     } else if (!moving && slot.hunt.active) {
       slot.hunt.active = false;  // the re-opening was given up: the old connection goes on
       pumpAll(p);
     }
   }
   notify();
-}
-
-int EngineCore::inflightOn(int peer, int transport_path) {
-  Peer& p = *peers_[peer];
-  std::lock_guard<std::mutex> lock(p.mu);
-  const int slot_index = slotOf(p, transport_path);
-  return slot_index < 0 ? 0 : p.paths[slot_index].inflight;
 }
 
 void EngineCore::onPairFailed(int peer, const std::string& why) {

@@ -1,6 +1,6 @@
 // A message in flight: a write (SendOp, cut into ChunkDescs) and an
 // expected arrival (RecvOp), as Engine::write() and Engine::expect() return
-// them. Their state is the engine's (sender.cc, receiver.cc).
+// them. Their state is the sender's (sender.h) and the engine's (receiver.cc).
 #pragma once
 
 #include <atomic>
@@ -51,7 +51,7 @@ class SendOp {
   uint64_t length() const { return length_; }
 
  private:
-  friend class EngineCore;
+  friend class Sender;
   int peer_ = -1;
   uint32_t tag_ = 0;
   uint64_t length_ = 0;
@@ -60,9 +60,9 @@ class SendOp {
   RemoteRegion dst_;
   uint64_t dst_offset_ = 0;
   std::vector<ChunkDesc> chunks_;
-  uint32_t remaining_ = 0;    // chunks not yet landed (peer.mu)
-  uint32_t outstanding_ = 0;  // chunks posted and not yet completed (peer.mu)
-  std::vector<uint32_t> taken_;  // chunks posted on each path, resends included (peer.mu)
+  uint32_t remaining_ = 0;    // chunks not yet landed (the peer's lock, see sender.h)
+  uint32_t outstanding_ = 0;  // chunks posted and not yet completed (the peer's lock)
+  std::vector<uint32_t> taken_;  // chunks posted on each path, resends included (the peer's lock)
   std::string error_;
   std::atomic<bool> done_{false};
   std::atomic<bool> failed_{false};
