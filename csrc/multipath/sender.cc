@@ -204,7 +204,9 @@ Sender::Completed Sender::completed(int peer, ChunkDesc* c, bool ok) {
   Path& slot = peers_[peer].paths[c->path];
   // False for a completion from a connection that has since been replaced
   // (pathUp() started the new one's count at zero).
-  const Completed done{c->path, c->generation == slot.generation, c->posted, Clock::now()};
+  const auto held = peers_[peer].sending.find(op);
+  const Completed done{c->path, c->generation == slot.generation, c->posted, Clock::now(),
+                       held == peers_[peer].sending.end() ? nullptr : held->second};
   if (done.current) slot.inflight--;
   op->outstanding_--;
   if (!ok) return done;
@@ -231,7 +233,7 @@ bool Sender::settle(int peer, ChunkDesc* c, int path, bool ok) {
     enqueue(peer, c);
   }
   const bool finished = op->done() || (op->failed() && op->outstanding_ == 0);
-  if (finished) ps.sending.erase(op);  // may free op (and c): not touched below
+  if (finished) ps.sending.erase(op);  // the caller's Completed holds op (and c) to the end
   if (ok) pump(peer, path);  // the completion frees room here: this path pulls first
   pumpAll(peer);
   return finished;
@@ -240,6 +242,10 @@ bool Sender::settle(int peer, ChunkDesc* c, int path, bool ok) {
 bool Sender::withdrawn(int peer, ChunkDesc* c) {
   PeerSend& ps = peers_[peer];
   SendOp* op = c->op;
+  // Kept alive to the end: placing the chunk again may give the peer up
+  // (fail()), which forgets a message with no chunk left posted.
+  const auto held = ps.sending.find(op);
+  const std::shared_ptr<SendOp> keep = held == ps.sending.end() ? nullptr : held->second;
   Path& slot = ps.paths[c->path];
   if (c->generation == slot.generation) slot.inflight--;
   op->outstanding_--;
@@ -248,7 +254,7 @@ bool Sender::withdrawn(int peer, ChunkDesc* c) {
     enqueue(peer, c);
   }
   const bool finished = op->failed() && op->outstanding_ == 0;
-  if (finished) ps.sending.erase(op);  // may free op (and c)
+  if (finished) ps.sending.erase(op);  // `keep` holds op (and c) to the end
   pumpAll(peer);
   return finished;
 }
@@ -438,7 +444,7 @@ void EngineCore::onWriteComplete(int peer, int transport_path, uint64_t wr_id, b
       // us (e.g. it died before the engine was told about it).
       pathDown(p, done.path, "a write on it was flushed");
     }
-    wake = sender_->settle(peer, c, done.path, ok) || wake;  // may free c
+    wake = sender_->settle(peer, c, done.path, ok) || wake;  // `done` holds c's message to the end
   }
   if (wake) notify();
 }

@@ -98,6 +98,11 @@ class Sender {
     bool current;             // on the path's current connection
     Clock::time_point posted;
     Clock::time_point at;     // now
+    // The chunk's message, kept alive until the completion is settled: the
+    // engine's pathDown() in between may give the peer up (fail()), which
+    // forgets a message with no chunk left posted -- the last reference,
+    // once its caller has let it go.
+    std::shared_ptr<SendOp> message;
   };
   // A write completed (ok) or was flushed: counted on its path and its
   // message. Then the engine updates the path's health, then calls settle().

@@ -267,6 +267,42 @@ TEST_F(SenderTest, NoUsablePathGivesThePeerUp) {
   EXPECT_FALSE(sender_->sending(kPeer));
 }
 
+// The caller may let its message go while a chunk of it is still posted
+// (a failed operation's thread returns first). A flush then gives the peer
+// up when no path is left to place the chunk on: fail() forgets the
+// message, and the completion still reads it -- it must be held to the end
+// (ASan's build sees a use after free otherwise).
+TEST_F(SenderTest, AFlushThatGivesThePeerUpOutlivesAMessageItsCallerLetGo) {
+  make("round_robin", 2, 1);
+  write(kChunk);  // the caller's reference goes at once
+  ASSERT_EQ(1u, links_->posts.size());
+  links_->usable_.assign(1, false);  // the path went down: nowhere to place the chunk again
+  EXPECT_TRUE(complete(0, false));
+  ASSERT_EQ(1u, links_->given_up.size());
+  EXPECT_FALSE(sender_->sending(kPeer));
+}
+
+// The same, for the engine's order: the completion is counted, then the
+// engine takes the path down and gives the peer up, then it is settled.
+TEST_F(SenderTest, APeerGivenUpBetweenCompletionAndSettleKeepsTheMessage) {
+  make("round_robin", 2, 1);
+  write(kChunk);
+  ChunkDesc* c = chunk(0);
+  const Sender::Completed done = sender_->completed(kPeer, c, false);
+  sender_->fail(kPeer, "rank 1: every path is down");  // as pathDown() does
+  EXPECT_TRUE(sender_->settle(kPeer, c, done.path, false));
+  EXPECT_FALSE(sender_->sending(kPeer));
+}
+
+// A withdrawn chunk that cannot be placed again: the same.
+TEST_F(SenderTest, AWithdrawnChunkThatGivesThePeerUpOutlivesItsMessage) {
+  make("round_robin", 2, 1);
+  write(kChunk);
+  links_->usable_.assign(1, false);
+  EXPECT_TRUE(sender_->withdrawn(kPeer, chunk(0)));
+  EXPECT_FALSE(sender_->sending(kPeer));
+}
+
 TEST_F(SenderTest, SharedChunksArePulledByThePathsWithRoom) {
   make("adaptive", 1, 2);
   auto op = write(4 * kChunk);
