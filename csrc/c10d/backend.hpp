@@ -227,7 +227,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   [[noreturn]] void reject(const OpInfo& op, const std::string& why);
   // On the worker: steps 4 and 5 of a queued operation.
   void runQueued(Pending& p);
-  // What the memory strategies register with (the group's, now).
+  // What the memory strategies register with: the group's now (under mu_,
+  // but on the worker, as engine_ and cache_ are).
   MemorySource memorySource() const { return {cache_.get(), staging_pool_.get(), engine_.get()}; }
 
   // gather (`gathers`) or scatter: `ones`, this rank's tensor (one), and

@@ -448,9 +448,11 @@ void ProcessGroupMaestro::monitoredBarrier(const ::c10d::BarrierOptions& opts, b
   // Every rank calls it the same number of times: the count names the
   // barrier, so a late token of an earlier one never matches a later one.
   const uint32_t tag = kReservedTagBase + monitored_barriers_.fetch_add(1) % kReservedTags;
+  MemorySource source;
   {
     std::lock_guard<std::mutex> lock(mu_);
     MAESTRO_CHECK(!stopping_ && engine_, "maestro monitored_barrier: the process group was shut down");
+    source = memorySource();
   }
   if (n == 1) return;
   // rank 0's answer: which ranks did not arrive (all zero: pass).
@@ -464,7 +466,7 @@ void ProcessGroupMaestro::monitoredBarrier(const ::c10d::BarrierOptions& opts, b
   const Deadline answer_deadline = deadlineAfter(2 * timeout);
   auto post = [&](bool send, int peer, const at::Tensor& t, Deadline deadline) {
     auto token = std::make_shared<Token>();
-    token->pin = std::make_shared<Pinned>(memorySource(), t);
+    token->pin = std::make_shared<Pinned>(source, t);
     auto done = [token](std::exception_ptr error, int) {
       token->pin.reset();
       token->done.set_value(error);

@@ -95,9 +95,11 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(const OpInfo&
   MAESTRO_CHECK(static_cast<uint32_t>(tag) - kReservedTagBase >= kReservedTags, op.name, ": tag ", tag,
                 " is reserved by maestro (tags from ", static_cast<int32_t>(kReservedTagBase), " to ",
                 static_cast<int32_t>(kReservedTagBase + kReservedTags - 1), ")");
+  MemorySource source;
   {
     std::lock_guard<std::mutex> lock(mu_);
     MAESTRO_CHECK(!stopping_ && engine_, "maestro ", op.name, ": the process group was shut down");
+    source = memorySource();
   }
   // 3. post, beside the collectives: no sequence number.
   auto work = workOf(op, 0, send ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{tensors[0]}, {tensors[0]},
@@ -108,7 +110,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::pointToPoint(const OpInfo&
   // straight into a contiguous recv tensor, a send is read straight from a
   // contiguous one).
   const at::Tensor tensor = host[0];
-  auto memory = std::make_shared<OpMemory>(memorySource());
+  auto memory = std::make_shared<OpMemory>(source);
   const collectives::Window window = memory->pinned({tensor}, send ? OpMemory::kRead : OpMemory::kWrite)[0];
   const uint64_t bytes = tensor.numel() * tensor.element_size();
   collectives::PointToPoint::Done done = [work, memory, send, st](std::exception_ptr error, int source) mutable {
