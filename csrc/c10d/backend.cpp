@@ -1,7 +1,8 @@
+// ProcessGroupMaestro, the group: set-up, split, shrink, abort and shutdown,
+// and the worker that runs the queued operations one at a time (each one's
+// steps: the op pipeline, op_pipeline.cpp).
 #include "c10d/backend.hpp"
 
-#include <c10/core/StorageImpl.h>
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/version.h>
 #include <sys/resource.h>
@@ -286,60 +287,6 @@ std::map<std::string, double> ProcessGroupMaestro::cacheStats() const {
           {"bytes", static_cast<double>(cache->bytes())}};
 }
 
-// ---------------------------------------------------------------- plumbing
-
-c10::intrusive_ptr<::c10d::Work> ProcessGroupMaestro::enqueue(::c10d::OpType type, const char* name,
-                                                              std::chrono::milliseconds timeout,
-                                                              std::vector<at::Tensor> outputs,
-                                                              std::vector<at::Tensor> inputs,
-                                                              std::shared_ptr<OpStaging> staging, Job job) {
-  if (staging && !staging->active()) staging = nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  MAESTRO_CHECK(!stopping_, "maestro ", name, ": the process group was shut down");
-  if (broken_) fail("maestro ", name, ": this process group is unusable after an earlier failure (", broken_what_,
-                    "); create a new process group");
-  uint64_t seq = ++seq_;
-  uint64_t bytes = 0;
-  for (const auto& t : inputs) bytes += t.defined() ? t.numel() * t.element_size() : 0;
-  recorder_.queued(seq, name, bytes);
-  auto work = c10::make_intrusive<MaestroWork>(getRank(), type, seq, name, std::move(outputs), std::move(inputs),
-                                               staging ? staging->devices() : std::vector<c10::Device>{});
-  if (staging) {
-    work->setCopies(staging->copies());
-    staging->called();  // the caller's stream, as it is now, is what the copies wait for
-  }
-  queue_.push_back(Pending{seq, work, std::move(job), timeout, std::move(staging)});
-  cv_.notify_all();
-  return work;
-}
-
-std::shared_ptr<OpStaging> ProcessGroupMaestro::staging(const char* name) {
-  return std::make_shared<OpStaging>(*staging_pool_, staging_mode_, getBoundDeviceId(), name);
-}
-
-void ProcessGroupMaestro::checked(const char* name, const std::function<void()>& checks) {
-  try {
-    checks();
-  } catch (const Error& e) {
-    reject(name, e.what());
-  }
-}
-
-void ProcessGroupMaestro::reject(const char* name, const std::string& why) {
-  std::string msg;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    uint64_t seq = ++seq_;  // the operation the peers are about to run
-    msg = strcat("maestro ", name, " #", seq, " rejected on rank ", getRank(), ": ", why);
-    // Nothing moved here: the group stays usable on this rank. A peer that
-    // did start the operation fails it on the abort (and is then unusable,
-    // as after any failure); if every rank refused it (an unsupported op or
-    // dtype), nobody started it and every rank goes on.
-    if (engine_) engine_->broadcastAbort(seq, msg);  // null: shut down, nobody to tell
-  }
-  throw Error(msg);
-}
-
 void ProcessGroupMaestro::workerLoop() {
   setLogRank(getRank());
   nameThisThread("maestro-work");
@@ -376,17 +323,7 @@ void ProcessGroupMaestro::workerLoop() {
                                                    broken_what_, "); create a new process group")));
     } else {
       try {
-        if (p.staging) {
-          try {
-            p.staging->copyIn();
-          } catch (const std::exception& e) {  // the peers must not wait for this rank
-            engine_->broadcastAbort(p.seq, strcat("maestro: rank ", getRank(), " could not stage its tensors: ", e.what()));
-            throw;
-          }
-        }
-        // The call's own timeout (opts.timeout) where it set one, else the group's.
-        p.job(p.seq, deadlineAfter(p.timeout == ::c10d::kUnsetTimeout ? timeout_.load() : p.timeout));
-        if (p.staging) p.staging->copyOut();
+        runQueued(p);
       } catch (const std::exception& e) {
         error = std::current_exception();
         std::lock_guard<std::mutex> lock(mu_);
@@ -412,64 +349,6 @@ void ProcessGroupMaestro::workerLoop() {
       if (queue_.empty()) idle_cv_.notify_all();
     }
   }
-}
-
-ProcessGroupMaestro::Pinned::Pinned(ProcessGroupMaestro* pg, const at::Tensor& t) : pg_(pg), tensor_(t) {
-  window = pg_->window(t);
-}
-
-ProcessGroupMaestro::Pinned::~Pinned() { pg_->release(tensor_); }
-
-collectives::Window ProcessGroupMaestro::window(const at::Tensor& t) {
-  const c10::Storage& storage = t.storage();
-  void* base = storage.mutable_data();
-  size_t nbytes = storage.nbytes();
-  if (nbytes == 0 || base == nullptr) return collectives::Window{};
-  // A staging slab (a CUDA tensor's host stand-in) is registered already.
-  if (auto slab = staging_pool_->regionOf(base))
-    return collectives::Window{*slab, static_cast<uint64_t>(static_cast<const uint8_t*>(t.data_ptr()) -
-                                                            static_cast<const uint8_t*>(base))};
-  c10::weak_intrusive_ptr<c10::StorageImpl> weak(storage.getWeakStorageImpl());
-  Region r = cache_->acquire(storage.unsafeGetStorageImpl(), base, nbytes, [weak] { return !weak.expired(); });
-  uint64_t offset = static_cast<uint64_t>(static_cast<const uint8_t*>(t.data_ptr()) - static_cast<const uint8_t*>(base));
-  return collectives::Window{r, offset};
-}
-
-ProcessGroupMaestro::Staged ProcessGroupMaestro::stage(int64_t numel, const at::TensorOptions& options) {
-  const size_t bytes = static_cast<size_t>(numel) * options.dtype().itemsize();
-  Region r = engine_->buffer(collectives::kStagingBuffer, std::max<size_t>(bytes, 1));
-  return Staged{at::from_blob(r.addr, {numel}, options.device(at::kCPU).requires_grad(false)),
-                collectives::Window{r, 0}};
-}
-
-void ProcessGroupMaestro::inPlace(const at::Tensor& tensor, const std::function<void(const collectives::Window&)>& run) {
-  if (tensor.is_contiguous()) {
-    Pinned pin(this, tensor);
-    run(pin.window);
-    return;
-  }
-  Staged work = stage(tensor.numel(), tensor.options());
-  work.tensor.view(tensor.sizes()).copy_(tensor);
-  run(work.window);
-  tensor.copy_(work.tensor.view(tensor.sizes()));
-}
-
-ProcessGroupMaestro::PinnedList::PinnedList(ProcessGroupMaestro* pg, const std::vector<at::Tensor>& tensors, bool read)
-    : tensors_(tensors) {
-  for (const auto& t : tensors) {
-    buffers_.push_back(t.is_contiguous() ? t : (read ? t.contiguous() : at::empty_like(t, at::MemoryFormat::Contiguous)));
-    pins_.push_back(std::make_unique<Pinned>(pg, buffers_.back()));
-    windows.push_back(pins_.back()->window);
-  }
-}
-
-void ProcessGroupMaestro::PinnedList::copyBack() {
-  for (size_t i = 0; i < tensors_.size(); ++i)
-    if (!buffers_[i].is_same(tensors_[i])) tensors_[i].copy_(buffers_[i]);
-}
-
-void ProcessGroupMaestro::release(const at::Tensor& t) {
-  if (t.storage().nbytes() > 0) cache_->unpin(t.storage().unsafeGetStorageImpl());
 }
 
 }  // namespace c10d_glue

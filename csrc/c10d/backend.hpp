@@ -30,6 +30,8 @@
 #include <thread>
 
 #include "c10d/flight_recorder.hpp"
+#include "c10d/op_memory.hpp"
+#include "c10d/op_pipeline.hpp"
 #include "c10d/staging.hpp"
 #include "c10d/work.hpp"
 #include "collectives/collectives.h"
@@ -198,91 +200,55 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   std::string dumpJson() const;
 
  private:
-  using Job = std::function<void(uint64_t seq, Deadline deadline)>;
   struct Pending {
     uint64_t seq;
     c10::intrusive_ptr<MaestroWork> work;
-    Job job;
+    Run run;
     std::chrono::milliseconds timeout = ::c10d::kUnsetTimeout;  // unset: the group's
     std::shared_ptr<OpStaging> staging;  // null, or the host stand-ins it copies in and out
   };
 
-  // Queue `job` under the next sequence number. `outputs` and `inputs` are
-  // the caller's tensors (the Work keeps them); the job runs on their host
-  // stand-ins where `staging` made any (copied in before it, back after).
-  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, std::chrono::milliseconds timeout,
-                                           std::vector<at::Tensor> outputs, std::vector<at::Tensor> inputs,
-                                           std::shared_ptr<OpStaging> staging, Job job);
+  // The op pipeline (op_pipeline.hpp, op_pipeline.cpp). A collective: stage
+  // and check (`declare`), then queue its run under the next sequence
+  // number.
+  c10::intrusive_ptr<::c10d::Work> collective(const OpInfo& op, std::chrono::milliseconds timeout,
+                                              const Declare& declare);
+  // A point-to-point call: stage and check, then post it (peer -1: any
+  // source, a recv only).
+  c10::intrusive_ptr<::c10d::Work> pointToPoint(const OpInfo& op, bool send, std::vector<at::Tensor>& tensors,
+                                                int peer, int tag);
+  // The Work of a call that passed its checks, showing the caller's
+  // `outputs` and `inputs`; an active `staging`'s copies in start.
+  c10::intrusive_ptr<MaestroWork> workOf(const OpInfo& op, uint64_t seq, std::vector<at::Tensor> outputs,
+                                         std::vector<at::Tensor> inputs, OpStaging* staging);
+  // An input check failed on this rank: abort the operation it would have
+  // been on every rank (so no peer waits for it), then throw. The sequence
+  // number is used up, so the ranks stay in step; this rank stays usable.
+  [[noreturn]] void reject(const OpInfo& op, const std::string& why);
+  // On the worker: steps 4 and 5 of a queued operation.
+  void runQueued(Pending& p);
+  // What the memory strategies register with: the group's now (under mu_,
+  // but on the worker, as engine_ and cache_ are).
+  MemorySource memorySource() const { return {cache_.get(), staging_pool_.get(), engine_.get()}; }
+
   // gather (`gathers`) or scatter: `ones`, this rank's tensor (one), and
   // on the root `lists` (one list of a tensor per rank).
   c10::intrusive_ptr<::c10d::Work> rooted(bool gathers, std::vector<at::Tensor>& ones,
                                           std::vector<std::vector<at::Tensor>>& lists, int64_t root_rank,
                                           std::chrono::milliseconds timeout);
-  // The host stand-ins of one call's tensors (MAESTRO_STAGING).
-  std::shared_ptr<OpStaging> staging(const char* name);
-  // An input check failed on this rank: abort the operation it would have
-  // been on every rank (so no peer waits for it), then throw. The sequence
-  // number is used up, so the ranks stay in step; this rank stays usable.
-  [[noreturn]] void reject(const char* name, const std::string& why);
-  // Run a call's argument checks (and the staging of its tensors): an Error
-  // rejects the call (reject()).
-  void checked(const char* name, const std::function<void()>& checks);
+  // The one tensor of a broadcast or a reduce, staged as the call `reads`
+  // and `writes` it, checked with its root.
+  at::Tensor rootedOne(OpStaging& st, std::vector<at::Tensor>& tensors, int64_t root, int64_t root_tensor, bool reads,
+                       bool writes, const char* name);
+  // Allgather of several tensors as one: `inputs` packed into one block per
+  // rank, which lands on `blocks` (rank by rank, input by input; views of
+  // the outputs, filled by the copy back).
+  void allgatherBlocks(const OpRun& r, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& blocks);
   void workerLoop();
   void stopWorker(bool drain);
   // The engine, or an error naming `what` once the group was shut down
   // (the caller's copy keeps it alive through a concurrent shutdown).
   std::shared_ptr<multipath::Engine> live(const char* what) const;
-
-  // A registered window over a contiguous CPU tensor, pinned in the
-  // registration cache for the scope of an operation. Empty tensors get an
-  // empty window.
-  class Pinned {
-   public:
-    Pinned(ProcessGroupMaestro* pg, const at::Tensor& t);
-    ~Pinned();
-    collectives::Window window;
-
-   private:
-    ProcessGroupMaestro* pg_;
-    at::Tensor tensor_;
-  };
-  // Tensors a direct exchange reads or writes in place: contiguous ones are
-  // pinned and used as they are (zero copy); any other gets a contiguous
-  // copy (`read`: of its contents), which copyBack() copies into it.
-  class PinnedList {
-   public:
-    PinnedList(ProcessGroupMaestro* pg, const std::vector<at::Tensor>& tensors, bool read);
-    void copyBack();
-    std::vector<collectives::Window> windows;
-
-   private:
-    std::vector<at::Tensor> tensors_, buffers_;
-    std::vector<std::unique_ptr<Pinned>> pins_;
-  };
-  collectives::Window window(const at::Tensor& t);
-  void release(const at::Tensor& t);
-  // A contiguous tensor of `numel` elements in the engine's staging buffer
-  // (registered once, reused, shrunk when unused): where an operation puts
-  // what it must copy anyway -- a non-contiguous tensor, a list packed into
-  // one -- instead of registering a new temporary on every call. Valid for
-  // the running operation only.
-  struct Staged {
-    at::Tensor tensor;
-    collectives::Window window;
-  };
-  Staged stage(int64_t numel, const at::TensorOptions& options);
-  // Run an in-place collective on `tensor`: on its own registered memory
-  // when it is contiguous, else on a staged copy that is copied back.
-  void inPlace(const at::Tensor& tensor, const std::function<void(const collectives::Window&)>& run);
-
-  // Allgather of several tensors as one: packed into one block per rank;
-  // place(i, r, block) gets input i of rank r (a view of the gathered data,
-  // valid during the call).
-  void allgatherPacked(uint64_t seq, Deadline deadline, const std::vector<at::Tensor>& inputs,
-                       const std::function<void(size_t, int, const at::Tensor&)>& place);
-
-  // peer -1: any source (recv only).
-  c10::intrusive_ptr<::c10d::Work> pointToPoint(bool send, std::vector<at::Tensor>& tensors, int peer, int tag);
 
   const std::map<std::string, std::string> knobs_;  // as given at construction (split() passes them on)
   std::shared_ptr<multipath::Engine> engine_;  // guarded by mu_ for threads other than the worker

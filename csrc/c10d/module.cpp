@@ -101,16 +101,11 @@ PYBIND11_MODULE(_C, m) {
         "Abort every maestro group of this process still alive (registered with atexit): the peers get a "
         "goodbye, not a crash. Returns how many.");
   m.def("knobs", [] {
+    using namespace pybind11::literals;
     py::list out;
-    for (const auto& k : maestro::knobs()) {
-      py::dict d;
-      d["name"] = k.name;
-      d["env"] = k.env;
-      d["default"] = k.default_value;
-      d["doc"] = k.doc;
-      d["group_wide"] = k.group_wide;
-      out.append(d);
-    }
+    for (const auto& k : maestro::knobs())
+      out.append(py::dict("name"_a = k.name, "env"_a = k.env, "default"_a = k.default_value, "doc"_a = k.doc,
+                          "group_wide"_a = k.group_wide));
     return out;
   });
   // For `python -m maestro_torch.doctor`: the checks maestro itself makes,

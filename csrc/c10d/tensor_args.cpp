@@ -126,6 +126,13 @@ std::vector<at::Tensor> rootList(std::vector<std::vector<at::Tensor>>& lists, in
   return list;
 }
 
+void checkWorldTimes(const at::Tensor& larger, const char* larger_what, const at::Tensor& smaller,
+                     const char* smaller_what, int size, const char* name) {
+  MAESTRO_CHECK(larger.numel() == smaller.numel() * size, name, ": the ", larger_what, " has ", larger.numel(),
+                " elements but must have world size (", size, ") x ", smaller_what, " (", smaller.numel(), ") = ",
+                smaller.numel() * size);
+}
+
 void checkToItself(uint64_t sends, uint64_t receives, const char* name) {
   MAESTRO_CHECK(sends == receives, name, ": this rank sends ", sends, " elements to itself but expects ", receives);
 }
@@ -156,25 +163,25 @@ void checkCoalesced(const std::vector<at::Tensor>& inputs, const std::vector<at:
 // all_to_all_single's split sizes (rows of dim 0) as element counts: equal
 // parts when none are given.
 std::vector<uint64_t> splitCounts(const std::vector<int64_t>& splits, const at::Tensor& t, int size,
-                                  const char* which) {
+                                  const char* which, const char* name) {
   const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
   const int64_t row = t.dim() == 0 ? 1 : (rows ? t.numel() / rows : 0);
   std::vector<uint64_t> out;
   if (splits.empty()) {
-    MAESTRO_CHECK(rows % size == 0, "all_to_all_single: the ", which, " has ", rows,
+    MAESTRO_CHECK(rows % size == 0, name, ": the ", which, " has ", rows,
                   " rows (dim 0), not divisible by the world size ", size, "; pass split sizes");
     out.assign(size, static_cast<uint64_t>(rows / size * row));
     return out;
   }
-  MAESTRO_CHECK(static_cast<int>(splits.size()) == size, "all_to_all_single: ", splits.size(), " ", which,
+  MAESTRO_CHECK(static_cast<int>(splits.size()) == size, name, ": ", splits.size(), " ", which,
                 " split sizes for a group of ", size, " ranks");
   int64_t sum = 0;
   for (int64_t s : splits) {
-    MAESTRO_CHECK(s >= 0, "all_to_all_single: negative ", which, " split size ", s);
+    MAESTRO_CHECK(s >= 0, name, ": negative ", which, " split size ", s);
     sum += s;
     out.push_back(static_cast<uint64_t>(s * row));
   }
-  MAESTRO_CHECK(sum == rows, "all_to_all_single: the ", which, " split sizes add up to ", sum, " but the ", which,
+  MAESTRO_CHECK(sum == rows, name, ": the ", which, " split sizes add up to ", sum, " but the ", which,
                 " has ", rows, " rows (dim 0)");
   return out;
 }

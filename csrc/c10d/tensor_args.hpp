@@ -6,8 +6,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/version.h>
 
 #include <chrono>
 #include <cstdint>
@@ -21,17 +19,6 @@
 
 namespace maestro {
 namespace c10d_glue {
-
-// The Work types of the coalesced tensor collectives: their own since torch
-// 2.14 (the release pinned in requirements/torch.txt); torch 2.11 has only
-// COALESCED for both.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
-constexpr auto kAllgatherIntoTensorCoalesced = ::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED;
-constexpr auto kReduceScatterTensorCoalesced = ::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
-#else
-constexpr auto kAllgatherIntoTensorCoalesced = ::c10d::OpType::COALESCED;
-constexpr auto kReduceScatterTensorCoalesced = ::c10d::OpType::COALESCED;
-#endif
 
 // When an operation given `timeout` must be over (a huge one never is).
 Deadline deadlineAfter(std::chrono::milliseconds timeout);
@@ -73,6 +60,10 @@ void checkList(const std::vector<at::Tensor>& list, const at::Tensor& like, int 
 std::vector<at::Tensor> rootList(std::vector<std::vector<at::Tensor>>& lists, int64_t root, int rank, int size,
                                  const at::Tensor& like, const char* like_what, const char* name, const char* what,
                                  const std::function<std::vector<at::Tensor>(std::vector<at::Tensor>&)>& stage);
+// An all-gather's output or a reduce-scatter's input (`larger`): world size
+// x the elements of the other tensor.
+void checkWorldTimes(const at::Tensor& larger, const char* larger_what, const at::Tensor& smaller,
+                     const char* smaller_what, int size, const char* name);
 void checkToItself(uint64_t sends, uint64_t receives, const char* name);
 // Coalesced inputs: at least one, all of one dtype; with outputs: one
 // each, of its input's dtype, with in_factor x input = out_factor x output
@@ -82,7 +73,7 @@ void checkCoalesced(const std::vector<at::Tensor>& inputs, const std::vector<at:
 // all_to_all_single's split sizes (rows of dim 0) as element counts: equal
 // parts when none are given.
 std::vector<uint64_t> splitCounts(const std::vector<int64_t>& splits, const at::Tensor& t, int size,
-                                  const char* which);
+                                  const char* which, const char* name);
 
 }  // namespace c10d_glue
 }  // namespace maestro

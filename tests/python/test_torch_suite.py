@@ -32,10 +32,10 @@ def test_every_skip_lift_and_known_gap_has_a_reason():
 def test_the_first_error_line_is_what_a_rank_raised():
     text = ("RuntimeError: Process 0 exited with error code 10 and exception:\n"
             "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
-            "RuntimeError: maestro allgather_coalesced #1 rejected on rank 0: bad\nmore detail\n\n"
+            "RuntimeError: maestro all_gather_coalesced #1 rejected on rank 0: bad\nmore detail\n\n"
             "Process 1 exited with error code 10 and exception:\nTraceback (most recent call last):\n"
             "AssertionError: other rank\n")
-    assert errors.classify(text) == ("errored", "RuntimeError: maestro allgather_coalesced #1 rejected on rank 0: bad")
+    assert errors.classify(text) == ("errored", "RuntimeError: maestro all_gather_coalesced #1 rejected on rank 0: bad")
     text = text.replace("RuntimeError: maestro", "AssertionError: Tensor-likes are not close! maestro")
     assert errors.classify(text)[0] == "failed"
     assert errors.classify("RuntimeError: Process 0 terminated or timed out after 120.1 seconds") == \
