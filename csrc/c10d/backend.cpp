@@ -5,7 +5,6 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/version.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -61,11 +60,8 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
   const char* master = std::getenv("MASTER_ADDR");
   engine_ = std::make_shared<multipath::Engine>(options, std::shared_ptr<Rendezvous>(rendezvous), rank, size,
                                                 deadlineAfter(timeout), master ? master : "", std::move(parent));
-  rlimit memlock{};
-  if (getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) memlock.rlim_cur = RLIM_INFINITY;
-  cache_ = std::make_unique<multipath::RegistrationCache>(
-      &engine_->transport(), engine_->config().reg_cache_size,
-      regCacheBytes(engine_->config(), static_cast<uint64_t>(memlock.rlim_cur)));
+  cache_ = std::make_unique<multipath::RegistrationCache>(&engine_->transport(), engine_->config().reg_cache_size,
+                                                          engine_->config().reg_cache_bytes);
   p2p_ = std::make_unique<collectives::PointToPoint>(*engine_);
   staging_mode_ = stagingMode(engine_->config().staging);
   staging_piece_ = engine_->config().staging_piece;

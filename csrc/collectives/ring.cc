@@ -200,7 +200,7 @@ Ring::Ring(OpContext& ctx, const RingPlan& plan)
   windowed_ = total_ > W_;
   // Mid-size segments: as many slots per block as the whole-message ring
   // has blocks, so the writer stays as far ahead in bytes.
-  K_ = static_cast<uint32_t>(scratchSlots(config, n_)) * (target < config.segment_size ? std::max(1u, G_) : 1u);
+  K_ = static_cast<uint32_t>(config.scratch_slots) * (target < config.segment_size ? std::max(1u, G_) : 1u);
 }
 
 void Ring::markProcessed(uint32_t k) {

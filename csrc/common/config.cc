@@ -114,8 +114,7 @@ std::string joinDoubles(const std::vector<double>& v) {
 }
 
 // Knobs whose value is "auto" or a number, with 0 standing for auto in the
-// Config (resolved where the facts are known: chunkSizeFor, scratchSlots,
-// regCacheBytes).
+// Config (settled at the group's set-up: config.h).
 template <typename T>
 std::string autoOrNumber(T value) {
   return value == 0 ? std::string("auto") : std::to_string(value);

@@ -34,6 +34,14 @@ inline constexpr PolicyName kPolicies[] = {{Policy::kRoundRobin, "round_robin"},
                                            {Policy::kSingle, "single"}};
 const char* policyName(Policy policy);
 
+// The knobs as resolved (defaults < MAESTRO_* environment < options). A
+// group settles every "auto" once, at its set-up, where the facts are
+// known: the mesh's (transport, vNICs, paths, discovery, TCP congestion
+// control, single copy) in QpManager::plan, from what the ranks measured
+// and agreed on; the rest (chunk sizes, scratch slots, the registration
+// cache's bound, hunting) in EngineCore::settle(), by the rules below
+// (chunkSizeFor, minChunkFor, scratchSlots, regCacheBytes). What the layers
+// above read from Engine::config() is settled.
 struct Config {
   LogLevel debug = LogLevel::kWarn;
   std::string transport = "auto";       // auto | tcp | verbs

@@ -2,6 +2,8 @@
 #include "multipath/engine_state.h"
 #include "multipath/path_health.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -198,6 +200,11 @@ void EngineCore::settle() {
   // Every rank agreed on the knobs and the transport, so on these too.
   if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
   if (config_.min_chunk_size == 0) config_.min_chunk_size = minChunkFor(mesh_.transport_kind, config_.chunk_size);
+  config_.scratch_slots = scratchSlots(config_, size_);
+  // This rank's own limit: the registrations it may keep are its own.
+  rlimit memlock{};
+  if (getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) memlock.rlim_cur = RLIM_INFINITY;
+  config_.reg_cache_bytes = regCacheBytes(config_, static_cast<uint64_t>(memlock.rlim_cur));
   config_.discovery = mesh_.discovery;  // auto, decided
   // A group on shared paths judges its own traffic on them; a path it finds
   // slow is re-opened by the group that owns them (monitorPeer).
