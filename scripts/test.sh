@@ -18,11 +18,14 @@
 #                             forced), and the `full` Python tests: the lab
 #                             (network namespaces), Soft-RoCE (a VM), scale,
 #                             soak, training, examples, the PyTorch suite and
-#                             the benchmark smoke run. Three groups of them
-#                             run beside the others, each in its own pytest
-#                             (see beside()): Soft-RoCE once the set-up is
-#                             done (beside the C++ stages), the training
-#                             tests and the smoke run in the Python stage. The lab and verbs tests
+#                             the benchmark smoke run. Groups of them run
+#                             beside the others, each in its own pytest (see
+#                             beside()): once the set-up is done, Soft-RoCE
+#                             and the extension under ASan+UBSan beside the
+#                             C++ stages; in the Python stage the training
+#                             tests and the smoke run. In both tiers the
+#                             behaviour and doctor tests, which mostly wait,
+#                             run beside the main pytest. The lab and verbs tests
 #                             need root -- they say so and skip without it.
 #
 # Each stage prints its time, and pytest its slowest tests. Extra arguments go
@@ -56,9 +59,11 @@ mkdir -p build
 stage_name="set-up: system packages" stage_start=$start stage_times=()
 beside_names=() beside_pids=() beside_files=()  # the Python tests run beside the stages (beside())
 setup_pid=""  # the set-up's, while it runs beside the C++ stages
-# The Python test groups run beside the others only for --full without
-# arguments for pytest; with arguments, everything runs in one pytest.
-groups=0
+# The Python test groups run beside the others only without arguments for
+# pytest (with arguments, everything runs in one pytest): the waiting tests
+# in both tiers, the rest of the groups with --full.
+groups=0 waits=0
+[ $# = 0 ] && waits=1
 [ $full = 1 ] && [ $# = 0 ] && groups=1
 # The stage table is printed however the run ends (a failing stage too).
 print_stages() {
@@ -85,22 +90,33 @@ stage() {
 # pytest of its own (its output in build/python-NAME.log, printed when
 # await_beside collects it): the host's 2 cores are half idle while the
 # behaviour, lab and matrix tests wait on timeouts, links and peers.
-# beside NAME FILES...: start FILES' pytest in the background, once the
-# set-up is done.
-beside() {
+# beside_run NAME COMMAND...: run COMMAND (a command or a function of this
+# script) in the background, once the set-up is done.
+beside_run() {
   local name=$1 log="$ROOT/build/python-$1.log"
   shift
-  echo "   beside: $* (output: $log, printed when the Python stage ends)"
   ( until [ -f "$setup_log.took" ]; do  # the set-up first (scripts/env.sh)
       kill -0 "$setup_pid" 2>/dev/null || [ -f "$setup_log.took" ] ||
         { echo "not run: the set-up (scripts/env.sh) failed" >"$log"; exit 1; }
       sleep 1
     done
     t0=$(date +%s) rc=0
-    "$PY" -m pytest -q -rs --durations=5 -p no:cacheprovider --basetemp "$ROOT/build/pytest-$name" "$@" >"$log" 2>&1 || rc=$?
+    "$@" >"$log" 2>&1 || rc=$?
     echo "$(( $(date +%s) - t0 )) s, exit $rc" >"$log.took"
     exit $rc ) &
-  beside_names+=("$name") beside_pids+=($!) beside_files+=("$@")
+  beside_names+=("$name") beside_pids+=($!)
+}
+# beside NAME FILES... [-- PYTEST ARGS]: FILES' pytest, beside the others;
+# the main pytest leaves FILES out (beside_files).
+beside() {
+  local name=$1 files=() args=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do files+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && args=("$@")
+  echo "   beside: ${files[*]} (output: build/python-$name.log, printed when the Python stage ends)"
+  beside_run "$name" "$PY" -m pytest -q -rs --durations=5 -p no:cacheprovider --basetemp "$ROOT/build/pytest-$name" \
+    "${files[@]}" "${args[@]}"
+  beside_files+=("${files[@]}")
 }
 # Waits for every group started by beside(), prints its output and time;
 # returns non-zero if one failed.
@@ -115,6 +131,46 @@ await_beside() {
   done
   beside_names=() beside_pids=()
   return $rc
+}
+
+# The extension itself under ASan+UBSan: real rank processes run the
+# collectives matrix, point to point and the behaviour tests (faults,
+# timeouts, aborts, shutdown) with a sanitizer build of maestro_torch._C first
+# on PYTHONPATH (scripts/extension_build.py). python and torch are not built
+# with ASan, so its runtime is preloaded, with libstdc++ after it (without
+# that, ASan cannot find the real __cxa_throw and every C++ exception
+# aborts); python -P keeps the checkout's own maestro_torch off sys.path.
+# Leak checking is off: the interpreter's and torch's allocations at exit are
+# not ours to judge (the C++ tests above check maestro's leaks). Any report
+# aborts the rank, which fails its test. tests/python/asan_check.py first
+# proves, in rank processes, that the sanitized build is the one loaded and
+# that both runtimes are live.
+# This stage runs with MAESTRO_STAGING=force: every tensor takes the path a
+# CUDA tensor takes (host stand-ins in registered slabs, copies in and back),
+# so the whole matrix, point to point and the behaviour tests (faults,
+# timeouts, aborts) run through the staging here, under the sanitizers,
+# while the plain stage below runs them on the tensors in place; with 64 KiB
+# pieces, every allreduce of 128 KiB and more takes the pipelined copies
+# (pieces taken as the ring needs them, parts copied back as they are final),
+# faults and aborts mid-pipeline included. The three
+# tests about registering the caller's own tensors are the plain stage's
+# (under forced staging no caller tensor is registered).
+# With the groups (--full without arguments) it runs beside the C++
+# stages and then the Python stage, from the end of the set-up on: its
+# behaviour tests wait on timeouts, aborts and frozen peers (about a third
+# of a core), so on its own, as a stage, it left most of both cores idle
+# for 11 minutes.
+asan_python() {
+  local san_ext=$ROOT/build/sanitize-ext
+  "$PY" scripts/extension_build.py --sanitize address,undefined --out "$san_ext" >"$san_ext.log" 2>&1 ||
+    { tail -40 "$san_ext.log"; echo "error: the sanitizer build of the extension failed ($san_ext.log)"; return 1; }
+  LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so.6)" \
+    PYTHONPATH="$san_ext/pkg" MAESTRO_EXPECT_EXTENSION="$san_ext/pkg" \
+    ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    MAESTRO_STAGING=force MAESTRO_STAGING_PIECE=64K \
+    "$PY" -P -m pytest -q -rs -p no:cacheprovider --basetemp "$ROOT/build/pytest-asan" tests/python/asan_check.py \
+    tests/python/test_collectives.py tests/python/test_p2p.py tests/python/test_behaviour.py \
+    --durations=10 -k "not temporaries_are_staged and not idle_registrations and not registrations_of_freed"
 }
 
 # The set-up (scripts/env.sh: on a fresh clone a new .venv, the pinned
@@ -141,7 +197,11 @@ await_setup() {
   stage_times+=("$(printf '%5d s  %s' "$(cat "$setup_log.took")" "set-up: .venv, packages and the extension (scripts/env.sh), beside the C++ stages")")
   source scripts/env.sh  # done already: quick; sets PY and PATH here
 }
-[ $groups = 1 ] && beside softroce tests/python/test_softroce.py
+if [ $groups = 1 ]; then
+  beside softroce tests/python/test_softroce.py
+  echo "   beside: the extension under ASan+UBSan, staging forced (output: build/python-asan.log)"
+  beside_run asan asan_python
+fi
 
 stage "C++ tests"
 cmake -S . -B build/tests -G Ninja -DCMAKE_BUILD_TYPE=Release -DMAESTRO_BUILD_TESTS=ON >/dev/null
@@ -207,40 +267,11 @@ else
   echo "== fuzzing SKIPPED: clang is not installed (apt-get install clang)"
 fi
 
-# The extension itself under ASan+UBSan: real rank processes run the
-# collectives matrix, point to point and the behaviour tests (faults,
-# timeouts, aborts, shutdown) with a sanitizer build of maestro_torch._C first
-# on PYTHONPATH (scripts/extension_build.py). python and torch are not built
-# with ASan, so its runtime is preloaded, with libstdc++ after it (without
-# that, ASan cannot find the real __cxa_throw and every C++ exception
-# aborts); python -P keeps the checkout's own maestro_torch off sys.path.
-# Leak checking is off: the interpreter's and torch's allocations at exit are
-# not ours to judge (the C++ tests above check maestro's leaks). Any report
-# aborts the rank, which fails its test. tests/python/asan_check.py first
-# proves, in rank processes, that the sanitized build is the one loaded and
-# that both runtimes are live.
-# This stage runs with MAESTRO_STAGING=force: every tensor takes the path a
-# CUDA tensor takes (host stand-ins in registered slabs, copies in and back),
-# so the whole matrix, point to point and the behaviour tests (faults,
-# timeouts, aborts) run through the staging here, under the sanitizers,
-# while the plain stage below runs them on the tensors in place; with 64 KiB
-# pieces, every allreduce of 128 KiB and more takes the pipelined copies
-# (pieces taken as the ring needs them, parts copied back as they are final),
-# faults and aborts mid-pipeline included. The three
-# tests about registering the caller's own tensors are the plain stage's
-# (under forced staging no caller tensor is registered).
-await_setup
-stage "Python tests with the extension under -fsanitize=address,undefined, staging forced (MAESTRO_STAGING=force)"
-SAN_EXT=$ROOT/build/sanitize-ext
-"$PY" scripts/extension_build.py --sanitize address,undefined --out "$SAN_EXT" >"$SAN_EXT.log" 2>&1 ||
-  { tail -40 "$SAN_EXT.log" >&2; echo "error: the sanitizer build of the extension failed ($SAN_EXT.log)" >&2; exit 1; }
-LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libstdc++.so.6)" \
-  PYTHONPATH="$SAN_EXT/pkg" MAESTRO_EXPECT_EXTENSION="$SAN_EXT/pkg" \
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  MAESTRO_STAGING=force MAESTRO_STAGING_PIECE=64K \
-  "$PY" -P -m pytest -q -p no:cacheprovider tests/python/asan_check.py tests/python/test_collectives.py \
-  tests/python/test_p2p.py tests/python/test_behaviour.py \
-  --durations=10 -k "not temporaries_are_staged and not idle_registrations and not registrations_of_freed"
+if [ $groups = 0 ]; then
+  await_setup
+  stage "Python tests with the extension under -fsanitize=address,undefined, staging forced (MAESTRO_STAGING=force)"
+  asan_python
+fi
 else
   echo "== fast tier: the sanitizer, fuzzing, lab, Soft-RoCE, scale, soak and training stages are --full's"
 fi
@@ -258,19 +289,27 @@ else
   stage "Python tests$([ $full = 1 ] || echo ' (fast tier: not marked full)') (no GPU here: tests/python/test_cuda.py is NOT run; scripts/gpu_check.sh runs it on a GPU)"
   gpu_tests=(--ignore tests/python/test_cuda.py)
 fi
-# --full (without arguments for pytest) runs two more groups beside the
-# others: the benchmark smoke run (about 12 minutes, most of it waiting on
+# Without arguments for pytest, the tests that mostly wait run in groups of
+# their own beside the main pytest, in both tiers: the behaviour tests
+# (timeouts, aborts, frozen and killed peers: about a quarter of a core for
+# 5-12 minutes) and the doctor's (probes, a descriptor limit, a lab), which
+# one pytest spent in series with everything else. --full runs two more groups beside
+# them: the benchmark smoke run (about 12 minutes, most of it waiting on
 # timed loops, shaped links and link events: about 0.6 of a core; its lab
 # namespaces have their own names) and the training tests (training,
 # examples, frameworks, the PyTorch suite: busy on both cores, but only
 # their results are checked, not their speed).
 not_here=()
+if [ $waits = 1 ]; then
+  beside behaviour tests/python/test_behaviour.py -- "${tier[@]}"
+  beside doctor tests/python/test_doctor.py -- "${tier[@]}"
+fi
 if [ $groups = 1 ]; then
   beside bench tests/python/test_bench_smoke.py
   beside training tests/python/test_train.py tests/python/test_examples.py tests/python/test_frameworks.py \
     tests/python/test_torch_suite.py
-  for f in "${beside_files[@]}"; do not_here+=(--ignore "$f"); done
 fi
+for f in "${beside_files[@]}"; do not_here+=(--ignore "$f"); done
 rc=0
 "$PY" -m pytest -q -rs --durations=15 tests/python "${tier[@]}" "${gpu_tests[@]}" "${not_here[@]}" "$@" || rc=$?
 await_beside || { [ $rc != 0 ] || rc=1; }
