@@ -60,15 +60,15 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
   const char* master = std::getenv("MASTER_ADDR");
   engine_ = std::make_shared<multipath::Engine>(options, std::shared_ptr<Rendezvous>(rendezvous), rank, size,
                                                 deadlineAfter(timeout), master ? master : "", std::move(parent));
-  cache_ = std::make_unique<multipath::RegistrationCache>(&engine_->transport(), engine_->config().reg_cache_size,
+  transport::Memory* memory = &engine_->transport();  // all the group registers with
+  cache_ = std::make_unique<multipath::RegistrationCache>(memory, engine_->config().reg_cache_size,
                                                           engine_->config().reg_cache_bytes);
   p2p_ = std::make_unique<collectives::PointToPoint>(*engine_);
   staging_mode_ = stagingMode(engine_->config().staging);
   staging_piece_ = engine_->config().staging_piece;
-  transport::Transport* transport = &engine_->transport();
   staging_pool_ = std::make_shared<StagingPool>(
-      [transport](void* addr, size_t length) { return transport->registerMemory(addr, length); },
-      [transport](const Region& r) { transport->deregisterMemory(r); });
+      [memory](void* addr, size_t length) { return memory->registerMemory(addr, length); },
+      [memory](const Region& r) { memory->deregisterMemory(r); });
   worker_ = std::thread([this] { workerLoop(); });
   std::lock_guard<std::mutex> lock(live_groups_mu);
   live_groups.push_back(this);

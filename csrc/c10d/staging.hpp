@@ -52,7 +52,7 @@
 
 #include "collectives/plan.h"
 #include "collectives/staged_buffer.h"
-#include "transport/transport.h"
+#include "transport/memory.h"
 
 namespace maestro {
 namespace c10d_glue {

@@ -11,39 +11,38 @@ namespace multipath {
 namespace {
 
 // The shared transport as one group sees it: its ranks, its channel. Memory
-// calls pass through; paths are opened and re-opened by the owning group
-// only, so those calls are refused.
-class ChannelTransport : public transport::Transport {
+// calls pass through; paths are opened, re-opened and moved by the owning
+// group only, so those calls are refused and there is no route control. A
+// fence passes through, where the shared transport has fences: it takes back
+// every group's writes on the path (each group hears of its own through the
+// mux) and holds back every group's until the mark.
+class ChannelTransport final : public transport::Transport, public transport::Fencing {
  public:
   ChannelTransport(transport::Transport& shared, uint32_t channel, std::vector<int> ranks)
-      : t_(shared), channel_(channel), ranks_(std::move(ranks)) {}
+      : t_(shared), fences_(shared.fencing()), channel_(channel), ranks_(std::move(ranks)) {}
 
-  const char* name() const override { return t_.name(); }
+  transport::Capabilities capabilities() const override {
+    transport::Capabilities c = t_.capabilities();
+    c.route_control = false;  // the owner probes and moves the paths
+    return c;
+  }
+  transport::RouteControl* routeControl() override { return nullptr; }
+  transport::Fencing* fencing() override { return fences_ ? this : nullptr; }
+
   Region registerMemory(void* addr, size_t length) override { return t_.registerMemory(addr, length); }
   void deregisterMemory(const Region& region) override { t_.deregisterMemory(region); }
   uint64_t expose(const Region& region) override { return t_.expose(region); }
   void conceal(const Region& region) override { t_.conceal(region); }
 
   std::string listen(const std::string&) override { refuse("listen"); }
-  void connect(const transport::PathSpec&, const transport::Hello&, Deadline) override { refuse("connect"); }
+  void expectPeers(const std::vector<std::vector<std::string>>&) override { refuse("expectPeers"); }
   void awaitAccepted(size_t, Deadline) override { refuse("awaitAccepted"); }
   std::vector<int> awaitAcceptedFrom(int, const std::vector<int>&, size_t, Deadline) override {
     refuse("awaitAcceptedFrom");
   }
+
+  void connect(const transport::PathSpec&, const transport::Hello&, Deadline) override { refuse("connect"); }
   bool reconnect(int, int, Deadline) override { return false; }  // the owner re-opens the path
-  std::vector<std::string> probeRoutes(const std::vector<transport::RouteProbe>& probes, int, Deadline,
-                                       std::string* why) override {
-    if (why) *why = "paths shared with the default group are probed by it";
-    return std::vector<std::string>(probes.size());
-  }
-
-  std::string describePath(int peer, int path) const override { return t_.describePath(at(peer), path); }
-  std::string nicPort(int peer, int path) const override { return t_.nicPort(at(peer), path); }
-  transport::PathCounters pathCounters(int peer, int path) const override {
-    return t_.pathCounters(at(peer), path);
-  }
-  transport::PathDelivery delivery(int peer, int path) const override { return t_.delivery(at(peer), path); }
-
   void postWrite(int peer, int path, const transport::WriteRequest& req) override {
     MAESTRO_CHECK((req.wr_id >> kWrIdChannelShift) == 0, "a write's wr_id has its top byte in use");
     transport::WriteRequest r = req;
@@ -60,10 +59,16 @@ class ChannelTransport : public transport::Transport {
     t_.postSend(at(peer), path, copy, length);
   }
   void closePath(int peer, int path, const std::string& why) override { t_.closePath(at(peer), path, why); }
-  // A fence takes back every group's writes on the path (each group hears of
-  // its own through the mux) and holds back every group's until the mark.
-  uint64_t withdrawWrites(int peer, int path) override { return t_.withdrawWrites(at(peer), path); }
-  void dropWritesUntil(int peer, int path, uint64_t mark) override { t_.dropWritesUntil(at(peer), path, mark); }
+
+  std::string describePath(int peer, int path) const override { return t_.describePath(at(peer), path); }
+  transport::PathCounters pathCounters(int peer, int path) const override {
+    return t_.pathCounters(at(peer), path);
+  }
+  transport::PathDelivery delivery(int peer, int path) const override { return t_.delivery(at(peer), path); }
+
+  uint64_t withdrawWrites(int peer, int path) override { return fences_->withdrawWrites(at(peer), path); }
+  void dropWritesUntil(int peer, int path, uint64_t mark) override { fences_->dropWritesUntil(at(peer), path, mark); }
+
   void shutdown() override {}  // the paths outlive the group: the owner shuts them down
 
  private:
@@ -76,6 +81,7 @@ class ChannelTransport : public transport::Transport {
   }
 
   transport::Transport& t_;
+  transport::Fencing* const fences_;  // the shared transport's, or null
   const uint32_t channel_;
   const std::vector<int> ranks_;
 };

@@ -24,7 +24,8 @@ enum class ControlType : uint8_t {
   kHuntOffer = 14,  // opener -> acceptor: candidate source ports (uint16 each), reserved for a while
   kHuntPick = 15,   // acceptor -> opener: re-open from this port (uint16; 0: none goes elsewhere)
   // "I took back my writes on path <sub> up to mark <seq> and send them again
-  // elsewhere: drop the rest of them" (Transport::withdrawWrites()).
+  // elsewhere: drop the rest of them" (Fencing::withdrawWrites(): only where
+  // the transport fences).
   kFence = 16,
 };
 

@@ -242,7 +242,7 @@ std::string EngineCore::describeSetup() const {
        << "least " << config_.min_chunk_size << " bytes)";
   os << ", discovery " << mesh_.discovery << (mesh_.discovery_why.empty() ? "" : " (" + mesh_.discovery_why + ")");
   os << ", path hunting " << (!hunter_.enabled() ? "off" : owner_ ? "on (the parent group re-opens)" : "on");
-  if (transport::capabilities(mesh_.transport_kind).congestion_control)
+  if (mesh_.transport->capabilities().congestion_control)
     os << ", congestion control " << mesh_.congestion_why;
   os << "\nknobs:\n" << config_.describe() << "paths:\n" << pathTable();
   return os.str();

@@ -182,6 +182,9 @@ class EngineCore : public ChannelSink {
   std::vector<std::string> probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener);
   // The core hops of the peer's other paths, and (own_too) of this one.
   std::vector<std::string> otherRoutes(int peer, int id, bool own_too = true);
+  // The transport's route control, which every step of a hunt uses (runHunt
+  // checks that there is one first).
+  transport::RouteControl& routes();
   std::vector<uint16_t> reservePorts(int peer, int id);
   // Give back the reserved `ports`, except those in `keep`.
   void releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep = {});

@@ -207,8 +207,10 @@ void EngineCore::fence(Peer& p, int path) {
   // an original that still arrives (the path was only slow) lands before the
   // copy -- same bytes, same place, counted once -- or is dropped, never
   // after the copy, when the place may hold the next message's bytes.
-  const uint64_t mark = mesh_.transport->withdrawWrites(p.rank, slot.id);
-  if (mark == 0) return;  // the transport cannot: they move once the path is closed
+  transport::Fencing* fences = mesh_.transport->fencing();
+  if (fences == nullptr) return;  // the transport cannot fence: they move once the path is closed
+  const uint64_t mark = fences->withdrawWrites(p.rank, slot.id);
+  if (mark == 0) return;  // the path is down (they are flushed), or fenced too often: they move once it closes
   slot.fenced = inflight;
   slot.fence_mark = mark;
   MAESTRO_INFO("path ", path, " to rank ", p.rank, ": its ", inflight,
@@ -304,7 +306,9 @@ bool EngineCore::onPathDownNotice(Peer& p, const ControlIn& m) {
 bool EngineCore::onFence(Peer&, const ControlIn& m) {
   // Our peer withdrew its writes on path <sub> up to mark <seq> and sends
   // them again on the path this came on (and others), after this.
-  mesh_.transport->dropWritesUntil(m.peer, static_cast<int>(m.sub), m.seq);
+  // (Only a peer whose transport fences sends it, and its transport is ours.)
+  if (transport::Fencing* fences = mesh_.transport->fencing())
+    fences->dropWritesUntil(m.peer, static_cast<int>(m.sub), m.seq);
   return false;
 }
 

@@ -40,21 +40,23 @@ std::vector<std::string> EngineCore::otherRoutes(int peer, int id, bool own_too)
   return hops;
 }
 
+transport::RouteControl& EngineCore::routes() {
+  transport::RouteControl* routes = mesh_.transport->routeControl();
+  MAESTRO_CHECK(routes != nullptr, "path hunting: the transport cannot choose a path's route");
+  return *routes;
+}
+
 std::vector<uint16_t> EngineCore::reservePorts(int peer, int id) {
   std::vector<uint16_t> ports;
   const std::string& addr = mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()];
-  for (int c = 0; c < config_.candidates; ++c) {
-    uint16_t port = mesh_.transport->reservePort(addr);
-    if (port == 0) break;
-    ports.push_back(port);
-  }
+  for (int c = 0; c < config_.candidates; ++c) ports.push_back(routes().reservePort(addr));
   return ports;
 }
 
 void EngineCore::releasePorts(int peer, int id, const std::vector<uint16_t>& ports, const std::vector<uint16_t>& keep) {
   const std::string& addr = mesh_.vnics.addresses[id % mesh_.vnics.addresses.size()];
   for (uint16_t port : ports)
-    if (std::find(keep.begin(), keep.end(), port) == keep.end()) mesh_.transport->releasePort(addr, port);
+    if (std::find(keep.begin(), keep.end(), port) == keep.end()) routes().releasePort(addr, port);
 }
 
 std::vector<std::string> EngineCore::probeCandidates(int peer, int id, const std::vector<uint16_t>& ports, bool opener) {
@@ -69,8 +71,7 @@ std::vector<std::string> EngineCore::probeCandidates(int peer, int id, const std
     probes.push_back(opener ? transport::RouteProbe{from, listener} : transport::RouteProbe{listener, from});
   }
   std::string why;
-  auto hops = mesh_.transport->probeRoutes(probes, config_.probe_ttl, Clock::now() + std::chrono::milliseconds(1500),
-                                           &why);
+  auto hops = routes().probeRoutes(probes, config_.probe_ttl, Clock::now() + std::chrono::milliseconds(1500), &why);
   if (!why.empty()) MAESTRO_INFO("path hunting, path ", id, " to rank ", peer, ": ", why);
   return hops;
 }
@@ -87,6 +88,12 @@ bool EngineCore::movedLately(int peer, int id) {
 void EngineCore::runHunt(const HuntJob& job) {
   const int peer = job.peer, id = job.id;
   const bool predict = config_.discovery == "ttl";
+  // A path moves only from a source port of its opener's choosing (a blind
+  // re-hash too): where the transport cannot choose one, it stays.
+  if (!mesh_.transport->routeControl()) {
+    MAESTRO_INFO("path hunting: path ", id, " to rank ", peer, " stays on its route: the transport cannot choose one");
+    return;
+  }
   // Each hunter keeps its own pace (hunter.h), and the two ends of a path,
   // and every group on shared paths, each have one: a path that is slow both
   // ways is judged on both sides at once. The first verdict moves it; the
@@ -236,7 +243,7 @@ void EngineCore::reopenPath(int peer, int id, uint16_t port, const std::string& 
                                         std::chrono::duration<double>(std::min(2.0, config_.connect_timeout)));
   bool moved = false;
   try {
-    moved = mesh_.transport->reopen(peer, id, port, until);  // onPathError (old), then onPathUp (new)
+    moved = routes().reopen(peer, id, port, until);  // onPathError (old), then onPathUp (new)
   } catch (const std::exception& e) {
     MAESTRO_WARN("path hunting: cannot re-open path ", id, " to rank ", peer, ": ", e.what());
   }

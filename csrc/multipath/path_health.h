@@ -18,9 +18,10 @@
 //      acknowledgement for noAckLimit() -- four RTTs, at least kNoAckFloor --
 //      while it held them is suspect: set aside (no new chunks), its control
 //      messages re-sent elsewhere at once (they are idempotent), its chunks
-//      in flight withdrawn and sent again on the other paths (a fence:
-//      Transport::withdrawWrites(); the peer drops the originals that still
-//      arrive, so the path may stay open, and the stall ends here), probed.
+//      in flight withdrawn and sent again on the other paths (a fence,
+//      where the transport has one: Fencing::withdrawWrites(); the peer
+//      drops the originals that still arrive, so the path may stay open,
+//      and the stall ends here), probed.
 //      It is dead once TCP's own recovery has resent deadTimeouts() times in a
 //      row (retransmission timeouts: their floor is 50 ms where the kernel
 //      allows, net.h; two, more on a path that loses segments often) and
@@ -63,7 +64,7 @@
 #include <cstdint>
 #include <string>
 
-#include "transport/transport.h"
+#include "transport/diagnostics.h"
 
 namespace maestro {
 namespace multipath {

@@ -53,13 +53,12 @@ std::vector<PathStats> EngineCore::pathStats() const {
   // the port's, so each port is read once, however many paths run on it.
   std::map<std::string, std::map<std::string, uint64_t>> by_port;
   for (size_t i = 0; i < out.size(); ++i) {
-    const std::string port = mesh_.transport->nicPort(out[i].peer, ids[i]);
     transport::PathCounters pc = mesh_.transport->pathCounters(out[i].peer, ids[i]);
     out[i].congestion = std::move(pc.congestion);
     out[i].path_counters = std::move(pc.counters);
-    if (port.empty()) continue;
-    auto it = by_port.find(port);
-    if (it == by_port.end()) it = by_port.emplace(port, transport::readNicCounters(port)).first;
+    if (pc.nic_port.empty()) continue;
+    auto it = by_port.find(pc.nic_port);
+    if (it == by_port.end()) it = by_port.emplace(pc.nic_port, transport::readNicCounters(pc.nic_port)).first;
     out[i].nic_counters = it->second;
   }
   return out;

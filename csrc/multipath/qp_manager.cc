@@ -210,16 +210,19 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
       if (kinds[r] == kind) continue;
       MAESTRO_CHECK(config.transport == "auto", "rank ", r, " uses the ", kinds[r], " transport but rank ", rank_,
                     " uses ", kind);
-      kind = "tcp";
-      why += strcat("; rank ", r, " cannot use verbs, so the group uses tcp");
+      why += strcat("; rank ", r, " chose ", kinds[r], ", so the group uses ", transport::kPortableKind);
+      kind = transport::kPortableKind;
     }
     mesh.transport_kind = kind;
     mesh.transport_why = why;
 
     mesh.discovery = config.discovery;
+    // Whether its routes can be probed and chosen: decided before the
+    // transport exists, so by what its kind declares.
+    const bool routable = transport::capabilities(kind).route_control;
     // The route survey: needed to decide discovery=auto, and to count the
     // core hops for paths=auto where discovery runs.
-    const bool can_probe = transport::capabilities(kind).route_probes && !one_host;
+    const bool can_probe = routable && !one_host;
     // MAESTRO_WEIGHTS names one weight per path: auto keeps one path per vNIC.
     const bool count_spines = config.paths == 0 && config.weights.empty();
     RouteSurvey survey;
@@ -229,11 +232,14 @@ Mesh QpManager::plan(const Config& config, const std::string& rendezvous_host) {
       bool any = false;
       for (const auto& v : allGather("routed", survey.routed() ? "1" : "0")) any = any || v == "1";
       mesh.discovery = any ? "ttl" : "off";
-      if (!transport::capabilities(kind).route_probes)
+      if (!routable)
         mesh.discovery_why = strcat("the ", kind, " transport cannot probe routes");
       else if (one_host) mesh.discovery_why = "every rank is on this host";
       else if (any) mesh.discovery_why = "routers between the ranks answered probes";
       else mesh.discovery_why = survey.why;
+    } else if (mesh.discovery == "ttl" && !routable) {
+      mesh.discovery_why = strcat("the ", kind, " transport cannot probe routes: its paths are opened as without it");
+      MAESTRO_WARN("MAESTRO_DISCOVERY=ttl: ", mesh.discovery_why);
     }
     if (config.paths == 0 && !count_spines)
       mesh.paths_why = "auto: one per vNIC (MAESTRO_WEIGHTS gives one weight per path)";
@@ -368,7 +374,7 @@ void QpManager::connectAll(const Config& config, Mesh& mesh, const std::vector<P
 }
 
 void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs,
-                         const Exchange& exchange, std::map<int, PeerPaths>* paths,
+                         const Exchange& exchange, transport::RouteControl& routes, std::map<int, PeerPaths>* paths,
                          std::map<int, std::vector<uint16_t>>* ports) {
   // Candidates are 5-tuples, not connections: the opener reserves a source
   // port per candidate; both ends send a TTL-limited SYN on their direction
@@ -393,7 +399,7 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
       record += strcat(peer, ":");
       for (int c = from; c < to; ++c)
         record += strcat(c == from ? "" : ",",
-                         mesh.transport->reservePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()]));
+                         routes.reservePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()]));
       record += ";";
     }
     std::vector<std::string> records = exchange(strcat("candidates.", round), record);
@@ -433,8 +439,8 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
     std::string probe_why;
     std::vector<std::string> hops =
         probes.empty() ? std::vector<std::string>()
-                       : mesh.transport->probeRoutes(probes, config.probe_ttl,
-                                                     Clock::now() + std::chrono::milliseconds(1500), &probe_why);
+                       : routes.probeRoutes(probes, config.probe_ttl, Clock::now() + std::chrono::milliseconds(1500),
+                                            &probe_why);
     if (!probe_why.empty()) why = probe_why;
     std::string found;
     for (size_t i = 0; i < probes.size(); ++i)
@@ -471,10 +477,11 @@ void QpManager::discover(const Config& config, Mesh& mesh, const std::vector<Ran
   }
   if (!why.empty()) MAESTRO_WARN("discovery: ", why);
 
-  chooseCandidates(mesh, cand_port, fwd, bwd, paths, ports);
+  chooseCandidates(mesh, routes, cand_port, fwd, bwd, paths, ports);
 }
 
-void QpManager::chooseCandidates(Mesh& mesh, std::map<int, std::vector<uint16_t>>& cand_port, Hops& fwd, Hops& bwd,
+void QpManager::chooseCandidates(Mesh& mesh, transport::RouteControl& routes,
+                                 std::map<int, std::vector<uint16_t>>& cand_port, Hops& fwd, Hops& bwd,
                                  std::map<int, PeerPaths>* paths, std::map<int, std::vector<uint16_t>>* ports) {
   const int P = mesh.paths;
   for (auto& [peer, out] : *paths) {
@@ -498,7 +505,7 @@ void QpManager::chooseCandidates(Mesh& mesh, std::map<int, std::vector<uint16_t>
     if (lower) {
       for (int c = 0; c < n; ++c)
         if (std::find(sel.chosen.begin(), sel.chosen.end(), c) == sel.chosen.end())
-          mesh.transport->releasePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()], cand_port[key][c]);
+          routes.releasePort(mesh.vnics.addresses[c % mesh.vnics.addresses.size()], cand_port[key][c]);
     }
     out.routes.clear();
     for (int c : sel.chosen) out.routes.push_back(lower ? cands[c].forward : cands[c].backward);
@@ -539,13 +546,13 @@ std::map<int, PeerPaths> QpManager::connectPairs(const Config& config, Mesh& mes
   }
   // TCP: a socket per path to each peer, and a few for route probes and
   // reconnects in flight.
-  if (transport::capabilities(mesh.transport_kind).descriptor_per_path && !out.empty())
+  if (mesh.transport->capabilities().descriptor_per_path && !out.empty())
     net::reserveDescriptors(out.size() * P + 16, strcat(out.size(), " peer(s) with ", P, " paths each"));
   // Which transport path id each path of each peer is: the path index, or
   // under discovery the chosen candidate (connected from its probed port).
   std::map<int, std::vector<uint16_t>> ports;
-  if (mesh.discovery == "ttl") {
-    discover(config, mesh, pairs, exchange, &out, &ports);
+  if (mesh.discovery == "ttl" && mesh.transport->routeControl()) {
+    discover(config, mesh, pairs, exchange, *mesh.transport->routeControl(), &out, &ports);
   } else {
     for (auto& [peer, pp] : out) pp.plain(P);
   }
@@ -652,7 +659,7 @@ PeerPaths QpManager::connectPairDirectly(const Config& config, Mesh& mesh, int p
   PeerPaths out;
   out.initiator = rank_ < peer;
   out.plain(mesh.paths);
-  if (transport::capabilities(mesh.transport_kind).descriptor_per_path)
+  if (mesh.transport->capabilities().descriptor_per_path)
     net::reserveDescriptors(mesh.paths + 16, strcat("rank ", peer, "'s ", mesh.paths, " paths"));
   std::vector<int> up;
   if (out.initiator) {

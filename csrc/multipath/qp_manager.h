@@ -130,17 +130,20 @@ class QpManager {
   };
   void connectAll(const Config& config, Mesh& mesh, const std::vector<Planned>& planned, Deadline deadline,
                   std::map<int, std::vector<int>>* connected, std::map<int, std::string>* errors);
-  // Discovery: which candidate of each pair this rank belongs to becomes
-  // which path (and the core hop of each, in `paths`).
+  // Discovery, on the transport's route control: which candidate of each
+  // pair this rank belongs to becomes which path (and the core hop of each,
+  // in `paths`).
   void discover(const Config& config, Mesh& mesh, const std::vector<RankPair>& pairs, const Exchange& exchange,
-                std::map<int, PeerPaths>* paths, std::map<int, std::vector<uint16_t>>* ports);
+                transport::RouteControl& routes, std::map<int, PeerPaths>* paths,
+                std::map<int, std::vector<uint16_t>>* ports);
   // Discovery's end, from every pair's candidates (their source ports, and
   // the core hop each direction's probe found): the chosen ones of each pair
   // this rank is in, with their routes and report; the opener gives back the
   // ports of the others.
   using Hops = std::map<int, std::vector<std::string>>;  // pair -> hop of each candidate
-  void chooseCandidates(Mesh& mesh, std::map<int, std::vector<uint16_t>>& cand_port, Hops& fwd, Hops& bwd,
-                        std::map<int, PeerPaths>* paths, std::map<int, std::vector<uint16_t>>* ports);
+  void chooseCandidates(Mesh& mesh, transport::RouteControl& routes, std::map<int, std::vector<uint16_t>>& cand_port,
+                        Hops& fwd, Hops& bwd, std::map<int, PeerPaths>* paths,
+                        std::map<int, std::vector<uint16_t>>* ports);
   // Route probes MAESTRO_PROBE_TTL hops out towards our ring neighbour:
   // does a router answer (discovery=auto: every rank's answer decides), and
   // how many distinct ones (the core hops, for paths=auto)?

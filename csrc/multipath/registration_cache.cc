@@ -7,8 +7,8 @@
 namespace maestro {
 namespace multipath {
 
-RegistrationCache::RegistrationCache(transport::Transport* transport, size_t capacity, size_t max_bytes)
-    : transport_(transport), capacity_(capacity), max_bytes_(max_bytes) {}
+RegistrationCache::RegistrationCache(transport::Memory* memory, size_t capacity, size_t max_bytes)
+    : memory_(memory), capacity_(capacity), max_bytes_(max_bytes) {}
 
 RegistrationCache::~RegistrationCache() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -16,7 +16,7 @@ RegistrationCache::~RegistrationCache() {
 }
 
 void RegistrationCache::evict(std::unordered_map<const void*, Entry>::iterator it) {
-  transport_->deregisterMemory(it->second.region);
+  memory_->deregisterMemory(it->second.region);
   bytes_ -= it->second.length;
   lru_.erase(it->second.lru);
   entries_.erase(it);
@@ -70,12 +70,12 @@ Region RegistrationCache::acquire(const void* owner, void* addr, size_t length, 
   e.alive = std::move(alive);
   trim(length);  // make room first: on verbs the new registration needs pinnable memory
   try {
-    e.region = transport_->registerMemory(addr, length);
+    e.region = memory_->registerMemory(addr, length);
   } catch (const Error&) {
     // Out of pinnable memory (RLIMIT_MEMLOCK) or registrations: what no
     // operation uses goes, and the registration is tried once more.
     if (evictIdle(false) == 0) throw;
-    e.region = transport_->registerMemory(addr, length);
+    e.region = memory_->registerMemory(addr, length);
   }
   bytes_ += length;
   e.pins = 1;

@@ -21,7 +21,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "transport/transport.h"
+#include "transport/memory.h"
 
 namespace maestro {
 namespace multipath {
@@ -30,7 +30,7 @@ class RegistrationCache {
  public:
   using Alive = std::function<bool()>;  // false once the owner's memory is gone
 
-  RegistrationCache(transport::Transport* transport, size_t capacity,
+  RegistrationCache(transport::Memory* memory, size_t capacity,
                     size_t max_bytes = std::numeric_limits<size_t>::max());
   ~RegistrationCache();
   RegistrationCache(const RegistrationCache&) = delete;
@@ -61,7 +61,7 @@ class RegistrationCache {
   size_t evictIdle(bool only_dead);  // mu_ held; entries no operation uses (only_dead: whose owner died)
   void trim(size_t room = 0);  // mu_ held; evict idle entries until `room` more bytes fit
 
-  transport::Transport* const transport_;
+  transport::Memory* const memory_;
   const size_t capacity_;
   const size_t max_bytes_;
   size_t bytes_ = 0;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "transport/transport.h"
+#include "transport/memory.h"
 
 namespace maestro {
 namespace multipath {

@@ -2,21 +2,15 @@
 
 #include "common/error.h"
 #include "transport/tcp/tcp_transport.h"
-#ifdef MAESTRO_HAVE_VERBS
-#include "transport/verbs/verbs_transport.h"
-#endif
+#include "transport/verbs/verbs_transport.h"  // free of rdma-core: its declarations are there in every build
 
 namespace maestro {
 namespace transport {
 
 Capabilities capabilities(const std::string& kind) {
-  Capabilities c;
-  if (kind == "tcp") {
-    c.route_probes = true;  // TTL-limited probes from the port a path then connects from
-    c.descriptor_per_path = true;
-    c.congestion_control = true;
-  }
-  return c;
+  if (kind == "tcp") return tcp::kCapabilities;
+  if (kind == "verbs") return verbs::kCapabilities;
+  fail("unknown transport '", kind, "'");
 }
 
 std::unique_ptr<Transport> makeTransport(const std::string& kind, const TransportOptions& options) {

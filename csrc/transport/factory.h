@@ -1,7 +1,7 @@
-// Creating a transport by name, and the "auto" choice between them.
+// Creating a transport by kind, what a kind offers before one exists, and the
+// "auto" choice between the kinds.
 #pragma once
 
-#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,29 +11,17 @@
 namespace maestro {
 namespace transport {
 
-struct TransportOptions {
-  int rank = 0;
-  int world_size = 1;
-  std::array<uint8_t, Hello::kSecretBytes> secret{};  // accepted connections must present it
-  CompletionSink* sink = nullptr;                     // receives every completion
-  int max_inflight_per_path = 8;   // writes outstanding per path (verbs: send queue depth)
-  bool busy_poll = false;          // spin: verbs on its CQ, tcp in the process's event loop
-  std::string tcp_congestion;      // tcp: congestion control of every path ("" = the kernel's default)
-  bool share_listen_ports = false; // tcp: SO_REUSEPORT on listeners (route discovery probes from them)
-  uint16_t port_lo = 0, port_hi = 0;  // tcp: the listeners' ports (0, 0: the kernel picks)
-  bool single_copy = false;        // tcp: payloads between processes of one host by cross-memory attach
-};
+// The kind every build and host can run: what "auto", and a group whose
+// ranks chose differently, fall back to.
+inline constexpr char kPortableKind[] = "tcp";
 
 // kind: "tcp" or "verbs".
 std::unique_ptr<Transport> makeTransport(const std::string& kind, const TransportOptions& options);
 
-// What a kind of transport offers the layers above, so that they ask for a
-// capability and never compare transport names.
-struct Capabilities {
-  bool route_probes = false;        // its paths' routes can be probed and chosen by source port (discovery)
-  bool descriptor_per_path = false; // each path holds a file descriptor (RLIMIT_NOFILE must allow them)
-  bool congestion_control = false;  // each path runs a congestion control the group chooses
-};
+// What a transport of `kind` will answer to capabilities(), for the choices
+// the layers above make before one exists (discovery, the descriptor limit).
+// Read from the kind's own declaration (tcp::kCapabilities,
+// verbs::kCapabilities), which its transport objects return.
 Capabilities capabilities(const std::string& kind);
 
 // MAESTRO_TRANSPORT=auto: "verbs" when this build has the verbs transport and

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "test_util.h"
-#include "transport/transport.h"
+#include "transport/completion_sink.h"
 
 namespace maestro {
 namespace testing {

@@ -218,6 +218,22 @@ TEST_F(ChannelMuxTest, AGroupWithoutThePeerHearsNothingOfIt) {
   mux_[0]->detach(4);
 }
 
+// A group on shared paths neither probes nor moves them (the owner does):
+// its transport has no route control, says so, and fences through the
+// shared transport, whose fence takes back every group's writes.
+TEST_F(ChannelMuxTest, AChannelHasNoRouteControlAndFencesThroughTheSharedPaths) {
+  auto ct = mux_[0]->channelTransport(2, {1, 0});
+  const transport::Capabilities shared = t_[0]->capabilities(), mine = ct->capabilities();
+  ASSERT_TRUE(shared.route_control && shared.fencing);
+  EXPECT_EQ(nullptr, ct->routeControl());
+  EXPECT_FALSE(mine.route_control);
+  ASSERT_NE(nullptr, ct->fencing());
+  EXPECT_TRUE(mine.fencing);
+  EXPECT_EQ(shared.descriptor_per_path, mine.descriptor_per_path);
+  EXPECT_EQ(shared.congestion_control, mine.congestion_control);
+  EXPECT_GT(ct->fencing()->withdrawWrites(0, 0), 0u) << "group rank 0 is transport rank 1, whose path is up";
+}
+
 }  // namespace
 }  // namespace multipath
 }  // namespace maestro

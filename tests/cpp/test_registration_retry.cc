@@ -41,11 +41,10 @@ namespace {
 
 // The tcp transport's registrations, each one's memory pinned as verbs pins
 // it: a registration the memlock limit does not allow fails, with mlock's
-// error, and deregistering unpins.
-class PinningTransport : public transport::Transport {
+// error, and deregistering unpins. (The cache holds memory alone.)
+class PinningMemory : public transport::Memory {
  public:
-  explicit PinningTransport(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
-  const char* name() const override { return "pinning tcp"; }
+  explicit PinningMemory(std::unique_ptr<transport::Transport> inner) : inner_(std::move(inner)) {}
   Region registerMemory(void* addr, size_t length) override {
     if (::syscall(SYS_mlock, addr, length) != 0) {
       refused++;
@@ -61,27 +60,6 @@ class PinningTransport : public transport::Transport {
   }
   uint64_t expose(const Region& region) override { return inner_->expose(region); }
   void conceal(const Region& region) override { inner_->conceal(region); }
-  std::string listen(const std::string& local_addr) override { return inner_->listen(local_addr); }
-  void connect(const transport::PathSpec& spec, const transport::Hello& hello, Deadline deadline) override {
-    inner_->connect(spec, hello, deadline);
-  }
-  void awaitAccepted(size_t count, Deadline deadline) override { inner_->awaitAccepted(count, deadline); }
-  std::vector<int> awaitAcceptedFrom(int peer, const std::vector<int>& paths, size_t at_least,
-                                     Deadline deadline) override {
-    return inner_->awaitAcceptedFrom(peer, paths, at_least, deadline);
-  }
-  std::string describePath(int peer, int path) const override { return inner_->describePath(peer, path); }
-  bool reconnect(int peer, int path, Deadline deadline) override { return inner_->reconnect(peer, path, deadline); }
-  std::vector<std::string> probeRoutes(const std::vector<transport::RouteProbe>& probes, int ttl, Deadline deadline,
-                                       std::string* why) override {
-    return inner_->probeRoutes(probes, ttl, deadline, why);
-  }
-  void postWrite(int peer, int path, const transport::WriteRequest& req) override { inner_->postWrite(peer, path, req); }
-  void postSend(int peer, int path, const void* data, size_t length) override {
-    inner_->postSend(peer, path, data, length);
-  }
-  void closePath(int peer, int path, const std::string& why) override { inner_->closePath(peer, path, why); }
-  void shutdown() override { inner_->shutdown(); }
 
   std::atomic<int> refused{0};  // registrations the memlock limit refused
   std::atomic<int> pinned{0};   // registrations holding pinned memory now
@@ -109,7 +87,7 @@ class RegistrationRetry : public ::testing::Test {
   void SetUp() override {
     transport::TransportOptions o;
     o.sink = &sink_;
-    t_ = std::make_unique<PinningTransport>(transport::makeTransport("tcp", o));
+    t_ = std::make_unique<PinningMemory>(transport::makeTransport("tcp", o));
     for (auto& b : buffers_) {
       void* p = ::mmap(nullptr, kBuffer, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       ASSERT_NE(MAP_FAILED, p);
@@ -161,7 +139,7 @@ class RegistrationRetry : public ::testing::Test {
   }
 
   testing::RecordingSink sink_;
-  std::unique_ptr<PinningTransport> t_;
+  std::unique_ptr<PinningMemory> t_;
   void* buffers_[3] = {};
   int owners_[3] = {};
 };

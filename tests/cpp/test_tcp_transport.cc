@@ -131,11 +131,14 @@ class RawPeer : public ::testing::Test {
 
 }  // namespace
 
-// The layers above ask for a capability, not for a transport's name.
-TEST(TransportCapabilities, TcpProbesRoutesAndHoldsADescriptorPerPathVerbsNeither) {
+// The layers above ask for a capability, not for a transport's name; a kind
+// answers before a transport of it exists (from the same declaration its
+// transports answer from: the contract checks that they agree).
+TEST(TransportCapabilities, TcpOffersRouteControlAndFencesVerbsNeither) {
   const transport::Capabilities tcp = transport::capabilities("tcp"), verbs = transport::capabilities("verbs");
-  EXPECT_TRUE(tcp.route_probes && tcp.descriptor_per_path && tcp.congestion_control);
-  EXPECT_FALSE(verbs.route_probes || verbs.descriptor_per_path || verbs.congestion_control);
+  EXPECT_TRUE(tcp.route_control && tcp.fencing && tcp.descriptor_per_path && tcp.congestion_control);
+  EXPECT_FALSE(verbs.route_control || verbs.fencing || verbs.descriptor_per_path || verbs.congestion_control);
+  EXPECT_THROW(transport::capabilities("carrier pigeon"), Error);
 }
 
 TEST_F(RawPeer, HelloWithWrongSecretIsRefused) {
@@ -710,7 +713,7 @@ TEST_F(RawPeer, StaleWritesAreDrainedNotWritten) {
 }
 
 
-// ---- fences (Transport::withdrawWrites / dropWritesUntil) -----------------
+// ---- fences (Fencing::withdrawWrites / dropWritesUntil) -------------------
 // A path set aside while it holds writes has them withdrawn and sent again
 // elsewhere while it stays open; its peer drops what still arrives of them,
 // from the notice of the fence until the sender's MARK that follows them.
@@ -725,7 +728,7 @@ TEST_F(RawPeer, WritesWithdrawnByTheirSenderAreDroppedUntilItsMark) {
   ASSERT_EQ(0u, hello(0, 0));
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 8, true, 1), 8);  // the path is in place
   ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
-  t_->dropWritesUntil(0, 0, 5);
+  t_->fencing()->dropWritesUntil(0, 0, 5);
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 64, 64, true, 2), 64);  // withdrawn: dropped
   sendFrame(transport::tcp::markFrame(4), 0);                                    // an earlier fence's mark
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 128, 64, true, 3), 64); // still dropped
@@ -742,7 +745,7 @@ TEST_F(RawPeer, WritesWithdrawnByTheirSenderAreDroppedUntilItsMark) {
   // Dropped writes are acknowledged like landed ones: the sender's count goes on.
   expectAcked(4);
   // A notice that arrives after its mark holds nothing back.
-  t_->dropWritesUntil(0, 0, 5);
+  t_->fencing()->dropWritesUntil(0, 0, 5);
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 256, 8, true, 5), 8);
   ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 3; }, 10));
   EXPECT_EQ(2u, fenceDrops(*t_));
@@ -760,7 +763,7 @@ TEST_F(RawPeer, AFenceStopsAWriteThatIsLanding) {
   std::vector<uint8_t> first(1024, 0xA1), rest(1024, 0xB2);
   net::writeFull(fd_, first.data(), first.size());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // most often read by now: landing
-  t_->dropWritesUntil(0, 0, 9);
+  t_->fencing()->dropWritesUntil(0, 0, 9);
   net::writeFull(fd_, rest.data(), rest.size());
   sendFrame(transport::tcp::markFrame(9), 0);
   sendFrame(transport::tcp::writeFrame(region_.id, key_, 8, 8, true, 3), 8);
@@ -789,7 +792,7 @@ TEST_F(RawPeer, WithdrawnWritesCompleteOnceAndTheMarkFollowsThem) {
   };
   write(1, big.size());  // the raw peer does not read yet: stuck in the socket
   write(2, 64);
-  const uint64_t mark = t_->withdrawWrites(0, 0);
+  const uint64_t mark = t_->fencing()->withdrawWrites(0, 0);
   ASSERT_GT(mark, 0u);
   ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.withdrawn.size() == 2; }, 10));
   // Read the stream: the writes that had gone out, then the mark.

@@ -3,6 +3,7 @@
 // ContractParam naming the transport and the vNIC addresses to use.
 #pragma once
 
+#include "common/error.h"
 #include "common/net.h"
 
 #include <gtest/gtest.h>
@@ -290,6 +291,73 @@ TEST_P(TransportContract, ReconnectRestoresAFailedPath) {
   ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return !s.completed.empty(); }));
   EXPECT_EQ(99u, sinks_[0].now().completed.back());
   EXPECT_EQ(src, dst);
+  t_[1]->conceal(remote);
+}
+
+// ---- the optional parts -----------------------------------------------------
+// A transport answers for them explicitly: capabilities() names the optional
+// interfaces its accessors return, and a kind declares, before any transport
+// of it exists, what its transports answer. Where a part is there, it works
+// (tcp has both; verbs neither, and these pass there with nothing to try).
+
+TEST_P(TransportContract, CapabilitiesAgreeWithTheKindAndTheAccessors) {
+  for (auto& t : t_) {
+    const transport::Capabilities c = t->capabilities();
+    EXPECT_TRUE(transport::capabilities(GetParam().kind) == c) << "the kind declares other capabilities";
+    EXPECT_EQ(c.route_control, t->routeControl() != nullptr);
+    EXPECT_EQ(c.fencing, t->fencing() != nullptr);
+  }
+}
+
+// Route control: a live path re-opened from a reserved source port comes
+// back on that port (the old connection fails first) and carries writes;
+// probes answer one hop (or "") per probe.
+TEST_P(TransportContract, RouteControlReopensAPathFromAReservedPort) {
+  transport::RouteControl* routes = t_[0]->routeControl();
+  if (routes == nullptr) return;  // verbs: checked above
+  const std::string& vnic = GetParam().vnics[0];
+  const uint16_t port = routes->reservePort(vnic);
+  ASSERT_NE(0, port);
+  std::string why;  // (towards a port nobody listens on, as the route survey probes)
+  const auto hops = routes->probeRoutes({{strcat(vnic, ":", port), strcat(GetParam().vnics.back(), ":9")}}, 1,
+                                        after(2), &why);
+  EXPECT_EQ(1u, hops.size());
+  size_t ups0 = sinks_[0].now().ups.size(), ups1 = sinks_[1].now().ups.size();
+  ASSERT_TRUE(routes->reopen(1, 0, port, after(10)));
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return s.errors.size() == 1 && s.ups.size() > ups0; }));
+  ASSERT_TRUE(sinks_[1].waitFor([&](const auto& s) { return s.ups.size() > ups1; }));
+  EXPECT_EQ(0u, t_[0]->describePath(1, 0).find(strcat(vnic, ":", port, " "))) << t_[0]->describePath(1, 0);
+  std::vector<uint8_t> src(64 * 1024, 9), dst(64 * 1024, 0);
+  Region local = t_[0]->registerMemory(src.data(), src.size());
+  Region remote = t_[1]->registerMemory(dst.data(), dst.size());
+  RemoteRegion rr = toRemote(remote);
+  rr.key = t_[1]->expose(remote);
+  t_[0]->postWrite(1, 0, transport::WriteRequest{local, src.data(), src.size(), rr, 0, true, 1, 5});
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return !s.completed.empty(); }));
+  EXPECT_EQ(src, dst);
+  t_[1]->conceal(remote);
+  routes->releasePort(vnic, port);
+}
+
+// Fencing: a fence on a path with nothing in flight takes nothing back, and
+// what is posted after it lands, whether the peer hears of the fence before
+// the mark arrives or after.
+TEST_P(TransportContract, FencingTakesBackNothingIdleAndHoldsNothingAfterTheMark) {
+  transport::Fencing* fences = t_[0]->fencing();
+  if (fences == nullptr) return;  // verbs: checked above
+  std::vector<uint8_t> src(4096, 3), dst(4096, 0);
+  Region local = t_[0]->registerMemory(src.data(), src.size());
+  Region remote = t_[1]->registerMemory(dst.data(), dst.size());
+  RemoteRegion rr = toRemote(remote);
+  rr.key = t_[1]->expose(remote);
+  const uint64_t mark = fences->withdrawWrites(1, 0);
+  ASSERT_GT(mark, 0u) << "the path is up";
+  t_[1]->fencing()->dropWritesUntil(0, 0, mark);
+  t_[0]->postWrite(1, 0, transport::WriteRequest{local, src.data(), src.size(), rr, 0, true, 2, 6});
+  ASSERT_TRUE(sinks_[0].waitFor([&](const auto& s) { return !s.completed.empty(); }));
+  ASSERT_TRUE(sinks_[1].waitFor([&](const auto& s) { return !s.arrivals.empty(); }));
+  EXPECT_EQ(src, dst);
+  EXPECT_TRUE(sinks_[0].now().withdrawn.empty());
   t_[1]->conceal(remote);
 }
 

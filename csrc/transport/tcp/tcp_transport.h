@@ -13,7 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "transport/factory.h"
 #include "transport/published_sources.h"
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/frame.h"
@@ -25,12 +24,20 @@ namespace maestro {
 namespace transport {
 namespace tcp {
 
-class TcpTransport : public Transport {
+// Every capability: route control (TTL-limited probes from the port a path
+// then connects from), fences (the receiver drops a withdrawn write's frames
+// behind the mark), a socket per path, a congestion control per path.
+inline constexpr Capabilities kCapabilities{
+    .route_control = true, .fencing = true, .descriptor_per_path = true, .congestion_control = true};
+
+class TcpTransport final : public Transport, public RouteControl, public Fencing {
  public:
   explicit TcpTransport(const TransportOptions& options);
   ~TcpTransport() override;
 
-  const char* name() const override { return "tcp"; }
+  Capabilities capabilities() const override { return kCapabilities; }
+  RouteControl* routeControl() override { return this; }
+  Fencing* fencing() override { return this; }
 
   Region registerMemory(void* addr, size_t length) override { return regions_.add(addr, length); }
   void deregisterMemory(const Region& region) override { regions_.remove(region.id); }
@@ -43,21 +50,27 @@ class TcpTransport : public Transport {
   std::vector<int> awaitAcceptedFrom(int peer, const std::vector<int>& paths, size_t at_least,
                                      Deadline deadline) override;
   void expectPeers(const std::vector<std::vector<std::string>>& endpoints) override;
+
+  bool reconnect(int peer, int path, Deadline deadline) override;
+  void postWrite(int peer, int path, const WriteRequest& req) override;
+  void postSend(int peer, int path, const void* data, size_t length) override;
+  void closePath(int peer, int path, const std::string& why) override;
+
   std::string describePath(int peer, int path) const override;
   PathCounters pathCounters(int peer, int path) const override;
   PathDelivery delivery(int peer, int path) const override;
-  uint64_t withdrawWrites(int peer, int path) override;
-  void dropWritesUntil(int peer, int path, uint64_t mark) override;
-  bool reconnect(int peer, int path, Deadline deadline) override;
-  bool reopen(int peer, int path, uint16_t local_port, Deadline deadline) override;
+
+  // RouteControl
   uint16_t reservePort(const std::string& local_addr) override;
   void releasePort(const std::string& local_addr, uint16_t port) override;
   std::vector<std::string> probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
                                        std::string* why) override;
+  bool reopen(int peer, int path, uint16_t local_port, Deadline deadline) override;
 
-  void postWrite(int peer, int path, const WriteRequest& req) override;
-  void postSend(int peer, int path, const void* data, size_t length) override;
-  void closePath(int peer, int path, const std::string& why) override;
+  // Fencing (tcp_fence.cc has the path's side)
+  uint64_t withdrawWrites(int peer, int path) override;
+  void dropWritesUntil(int peer, int path, uint64_t mark) override;
+
   void shutdown() override;
 
  private:
@@ -114,6 +127,8 @@ class TcpTransport : public Transport {
   size_t refused_ = 0;  // connections refused or given up (warned about the first few)
   bool stopping_ = false;
 };
+
+static_assert(declaresWhatItImplements<TcpTransport>(kCapabilities));
 
 }  // namespace tcp
 }  // namespace transport

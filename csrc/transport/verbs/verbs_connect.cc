@@ -206,15 +206,6 @@ bool VerbsTransport::reconnect(int peer, int path, Deadline deadline) {
   return true;
 }
 
-std::vector<std::string> VerbsTransport::probeRoutes(const std::vector<RouteProbe>& paths, int ttl,
-                                                     Deadline deadline, std::string* why) {
-  if (why != nullptr) {
-    *why = "the verbs transport cannot probe routes: RoCEv2 packets leave with a UDP source port the NIC "
-           "chooses, which no user-space probe can reuse (use MAESTRO_TRANSPORT=tcp to map routes)";
-  }
-  return std::vector<std::string>(paths.size());
-}
-
 void VerbsTransport::awaitAccepted(size_t count, Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   cm_cv_.wait_until(lock, deadline, [&] { return stopping_ || accepted_ >= count; });

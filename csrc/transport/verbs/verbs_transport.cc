@@ -265,9 +265,10 @@ std::string VerbsTransport::describePath(int peer, int path) const {
   return p == nullptr ? strcat("(verbs: no path ", path, " to peer ", peer, ")") : p->description();
 }
 
-std::string VerbsTransport::nicPort(int peer, int path) const {
-  Path* p = livePath(peer, path);
-  return p == nullptr ? std::string() : nicPortDir(p->device().name(), p->port());
+PathCounters VerbsTransport::pathCounters(int peer, int path) const {
+  PathCounters c;
+  if (Path* p = livePath(peer, path)) c.nic_port = nicPortDir(p->device().name(), p->port());
+  return c;
 }
 
 // ---- shutdown -------------------------------------------------------------------

@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "transport/factory.h"
 #include "transport/transport.h"
 
 struct ibv_qp;  // rdma-core's queue pair (only handed out to tests)
@@ -19,6 +18,15 @@ struct ibv_qp;  // rdma-core's queue pair (only handed out to tests)
 namespace maestro {
 namespace transport {
 namespace verbs {
+
+// What a verbs transport offers (its objects' capabilities(); here, free of
+// rdma-core, for the choices made before one exists): neither optional
+// capability. No route control: RoCEv2 packets leave with the NIC's UDP
+// source port, which no user-space socket can send a TTL-limited probe from
+// (route_control.h). No fences: what the adapter sent lands whatever the
+// sender does later (fencing.h). Its paths hold no file descriptor, and the
+// NIC runs its congestion control (DCQCN), not the group.
+inline constexpr Capabilities kCapabilities{};
 
 // Creates the transport; throws maestro::Error when the host has no RDMA
 // device or no rdma_cm. The device whose PD/CQ it uses is picked by the

@@ -35,7 +35,6 @@
 #include <utility>
 #include <vector>
 
-#include "transport/factory.h"
 #include "transport/published_sources.h"
 #include "transport/transport.h"
 #include "transport/verbs/cm_wire.h"
@@ -43,6 +42,7 @@
 #include "transport/verbs/gid_table.h"
 #include "transport/verbs/memory_window.h"
 #include "transport/verbs/path.h"
+#include "transport/verbs/verbs_transport.h"
 
 namespace maestro {
 namespace transport {
@@ -53,7 +53,9 @@ class VerbsTransport final : public Transport {
   explicit VerbsTransport(const TransportOptions& options);
   ~VerbsTransport() override;
 
-  const char* name() const override { return "verbs"; }
+  Capabilities capabilities() const override { return kCapabilities; }
+  RouteControl* routeControl() override { return nullptr; }  // see kCapabilities
+  Fencing* fencing() override { return nullptr; }
 
   Region registerMemory(void* addr, size_t length) override;
   void deregisterMemory(const Region& region) override;
@@ -76,22 +78,24 @@ class VerbsTransport final : public Transport {
   // rank published for that path; requests that came earlier (with the
   // right secret) waited for this and are decided now.
   void expectPeers(const std::vector<std::vector<std::string>>& endpoints) override;
-  std::string describePath(int peer, int path) const override;
-  std::string nicPort(int peer, int path) const override;
+
   // Same local vNIC, same endpoint, same hello as the connect() that first
   // opened the path. Not the same UDP source port, though: RoCEv2 takes it
   // from the NIC (rxe hashes the QP number), and a new QP has a new number,
   // so ECMP may put the new connection on a different route.
   bool reconnect(int peer, int path, Deadline deadline) override;
-  // Not possible on verbs: RoCEv2 packets leave with the NIC's UDP source
-  // port, which no user-space socket can send a TTL-limited probe from.
-  // Returns "" for every path and says so in *why.
-  std::vector<std::string> probeRoutes(const std::vector<RouteProbe>& probes, int ttl, Deadline deadline,
-                                       std::string* why) override;
-
   void postWrite(int peer, int path, const WriteRequest& req) override;
   void postSend(int peer, int path, const void* data, size_t length) override;
   void closePath(int peer, int path, const std::string& why) override;
+
+  std::string describePath(int peer, int path) const override;
+  // The NIC port the path's QP runs on (its counters are the device's); no
+  // per-path counters of its own.
+  PathCounters pathCounters(int peer, int path) const override;
+  // Unknown: the adapter retries on its own, and tells nothing until it
+  // gives up (the path then fails).
+  PathDelivery delivery(int peer, int path) const override { return {}; }
+
   void shutdown() override;
 
   ibv_qp* pathQp(int peer, int path) const;
@@ -212,6 +216,8 @@ class VerbsTransport final : public Transport {
   std::deque<Task> tasks_;
   std::atomic<bool> tasks_pending_{false};
 };
+
+static_assert(declaresWhatItImplements<VerbsTransport>(kCapabilities));
 
 }  // namespace verbs
 }  // namespace transport

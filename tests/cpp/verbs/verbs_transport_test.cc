@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "transport/factory.h"
 #include "transport/nic_counters.h"
 #include "transport/verbs/gid_table.h"
 #include "transport/verbs/verbs_transport.h"
@@ -692,18 +693,23 @@ TEST_F(VerbsPairTest, ReconnectBringsAFailedPathBack) {
 // CNP/ECN ones: it has no DCQCN); the transport reports them for its paths.
 TEST_F(VerbsPairTest, NicCountersOfTheDeviceAreReported) {
   for (int i = 0; i < kPaths; ++i) {
-    auto c = readNicCounters(t1_->nicPort(0, i));
+    auto c = readNicCounters(t1_->pathCounters(0, i).nic_port);
     EXPECT_EQ(1u, c.count("rcvd_seq_err")) << "path " << i << ": " << c.size() << " counters";
     EXPECT_EQ(1u, c.count("completer_retry_err")) << "path " << i;
   }
 }
 
-TEST_F(VerbsPairTest, ProbeRoutesSaysWhyNot) {
-  std::string why;
-  const auto hops = t1_->probeRoutes({{"192.168.50.1:1", "192.168.50.2:2"}, {"192.168.50.3:3", "192.168.50.4:4"}}, 1,
-                                     in(seconds(1)), &why);
-  EXPECT_EQ(hops, std::vector<std::string>(2));
-  EXPECT_NE(why.find("cannot probe"), std::string::npos) << why;
+// RoCEv2 takes its UDP source port from the NIC, and what the adapter sent
+// lands: no route control, no fences -- and the transport says so, as its
+// kind does before one exists.
+TEST_F(VerbsPairTest, OffersNeitherRouteControlNorFences) {
+  for (Transport* t : {t0_.get(), t1_.get()}) {
+    EXPECT_EQ(nullptr, t->routeControl());
+    EXPECT_EQ(nullptr, t->fencing());
+    EXPECT_TRUE(t->capabilities() == capabilities("verbs"));
+    EXPECT_FALSE(t->capabilities().route_control || t->capabilities().fencing);
+    EXPECT_FALSE(t->delivery(0, 0).known);
+  }
 }
 
 TEST_F(VerbsPairTest, ShutdownWithWritesInFlightDoesNotHang) {
