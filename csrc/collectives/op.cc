@@ -151,7 +151,21 @@ void OpContext::run(const std::function<bool()>& step, const std::function<std::
                     const std::function<std::vector<int>()>& depends) {
   // A rank that only waits for a peer (and sends it nothing) must still ask
   // for the pair: the lower rank of a pair opens its paths.
-  for (int peer : depends()) engine_.connect(peer);
+  // And tells the engine whom it waits on: a peer stopped before it sent
+  // its word (it never entered this operation) has nothing in flight to
+  // judge it by, yet is failed at the peer timeout, not the operation's.
+  struct Awaiting {
+    multipath::Engine& engine;
+    std::vector<int> peers;
+    ~Awaiting() {
+      for (int peer : peers) engine.awaiting(peer, -1);
+    }
+  } awaiting{engine_, {}};
+  for (int peer : depends()) {
+    engine_.awaiting(peer, +1);
+    awaiting.peers.push_back(peer);
+  }
+  for (int peer : awaiting.peers) engine_.connect(peer);
   for (;;) {
     uint64_t seen = engine_.eventCount();
     // A peer is marked unreachable only after everything it sent before it

@@ -84,7 +84,8 @@ PointToPoint::PointToPoint(multipath::Engine& engine, uint64_t max_piece_bytes)
       early_ready_(n_),
       matched_(n_),
       want_tags_(n_),
-      free_tags_(n_) {
+      free_tags_(n_),
+      awaiting_(n_, 0) {
   for (int p = 0; p < n_; ++p) {
     if (p == engine.rank()) continue;
     // Handed out from the back, taken back at the front: a freed tag is the
@@ -148,6 +149,13 @@ void PointToPoint::control(int peer, ControlType type, uint64_t seq, uint32_t su
 // ---------------------------------------------------------------- the thread
 
 void PointToPoint::loop() {
+  struct Release {  // the thread ends: it waits on no one any more
+    PointToPoint& p2p;
+    ~Release() {
+      for (int p = 0; p < p2p.n_; ++p)
+        if (p2p.awaiting_[p]) p2p.engine_.awaiting(p, -1);
+    }
+  } release{*this};
   for (;;) {
     const uint64_t seen = engine_.eventCount();
     std::vector<std::shared_ptr<Send>> sends;
@@ -192,6 +200,11 @@ void PointToPoint::loop() {
     }
     std::vector<std::string> lost(n_);
     for (int p = 0; p < n_; ++p) {
+      // A send waiting for its GRANT or a recv for its READY waits on the
+      // peer's word: the engine fails a peer silent past peer_timeout.
+      const char awaited = p != engine_.rank() && (waits[p] || !sends_[p].empty());
+      if (awaited != awaiting_[p]) engine_.awaiting(p, awaited ? +1 : -1);
+      awaiting_[p] = awaited;
       if (p == engine_.rank() || !(waits[p] || !sends_[p].empty() || !matched_[p].empty())) continue;
       try {
         engine_.checkPeer(p);

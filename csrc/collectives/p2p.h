@@ -124,6 +124,7 @@ class PointToPoint {
   std::vector<std::map<uint64_t, std::shared_ptr<Matched>>> matched_;  // per peer, by the sender's number
   std::vector<std::deque<std::shared_ptr<Matched>>> want_tags_;       // per peer: matched, no tags free yet
   std::vector<std::vector<uint32_t>> free_tags_;            // per peer
+  std::vector<char> awaiting_;                              // per peer: told the engine we wait on it
 };
 
 }  // namespace collectives

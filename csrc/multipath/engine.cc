@@ -80,6 +80,7 @@ void Engine::noteFailure(uint64_t seq, const std::string& why) { core_->noteFail
 bool Engine::takeP2P(std::vector<P2PMessage>* out) { return core_->takeP2P(out); }
 void Engine::recycleTag(int peer, uint32_t tag) { core_->recycleTag(peer, tag); }
 void Engine::connect(int peer) { core_->connect(peer); }
+void Engine::awaiting(int peer, int delta) { core_->awaiting(peer, delta); }
 bool Engine::connected(int peer) { return core_->connected(peer); }
 bool Engine::awaitQueued(uint64_t seq, Deadline deadline) { return core_->awaitQueued(seq, deadline); }
 std::vector<int> Engine::activePeers() const { return core_->activePeers(); }
@@ -338,6 +339,13 @@ void EngineCore::checkPeer(int peer) {
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.unreachable) throw Error(p.error);
+}
+
+void EngineCore::awaiting(int peer, int delta) {
+  MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.awaited += delta;
 }
 
 bool EngineCore::reachable(int peer) {

@@ -172,6 +172,11 @@ class Engine {
   // rank before its last message to a new pair left -- the peer's answer came
   // first -- and the process may then exit.
   bool awaitQueued(uint64_t seq, Deadline deadline);
+  // An operation waits on `peer`'s word (its descriptor, its READY, its
+  // data): +1 when it starts waiting, -1 when it stops. While any does, a
+  // peer silent on every path for peer_timeout is failed (path_health.h:
+  // judgePeer), whether or not anything to it is in flight.
+  void awaiting(int peer, int delta);
   // Peers this rank has connected or is connecting to, in that order.
   std::vector<int> activePeers() const;
 

@@ -101,6 +101,7 @@ class EngineCore : public ChannelSink {
 
   void connect(int peer);
   bool connected(int peer);
+  void awaiting(int peer, int delta);
   bool awaitQueued(uint64_t seq, Deadline deadline);
   std::vector<int> activePeers() const;
 

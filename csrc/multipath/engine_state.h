@@ -129,6 +129,7 @@ struct EngineCore::Peer {
   Reassembler reassembler;
   std::map<ControlKey, std::vector<uint8_t>> inbox;
   std::unordered_map<uint32_t, std::shared_ptr<RecvOp>> receiving;  // by tag
+  int awaited = 0;  // operations waiting on the peer's word (Engine::awaiting)
   // Not yet asked for, being connected (on first use), or connected (its
   // paths are set: `paths` is empty until then).
   enum class Link : uint8_t { kNone, kConnecting, kUp };

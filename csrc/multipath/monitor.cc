@@ -218,7 +218,7 @@ void EngineCore::pathsLook(Peer& p, int peer, bool probe, Look& look) {
 // closed, so that the peer too learns, should it wake.
 void EngineCore::silenceLook(Peer& p, int peer, Look& look) {
   PeerSilence quiet;
-  quiet.waited_on = look.busy_paths || sender_->sending(peer) || !p.receiving.empty();
+  quiet.waited_on = look.busy_paths || sender_->sending(peer) || !p.receiving.empty() || p.awaited > 0;
   quiet.peer_timeout = config_.peer_timeout;
   // Asked since: the oldest probe still unanswered, or the last word from
   // the peer if that came after it (a probe sent earlier may wait behind

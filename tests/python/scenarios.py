@@ -191,6 +191,33 @@ def frozen_peer(rank, world, thaw_after=None):
             "frozen_for": thawed[0] - stopped[0] if thawed else None}
 
 
+def peer_frozen_between_operations(rank, world, op, stops_after=1.5):
+    """Rank 1 stops itself (SIGSTOP) between two operations, `stops_after`
+    s after rank 0 entered the second one (an allreduce, or a recv from rank
+    1): long enough for what rank 0 sent to arrive and be confirmed (a
+    probe's answer), so rank 0 has nothing in flight to rank 1 and only
+    waits for its word (its descriptor, its READY). It must
+    still get the peer-timeout error naming rank 1 long before the group's
+    timeout (60 s); it wakes rank 1 once it has left the group."""
+    import signal
+
+    _init(timeout_s=60)
+    pids = torch.tensor([os.getpid() if rank == 1 else 0], dtype=torch.int64)
+    dist.all_reduce(pids)
+    t = torch.ones(1024)
+    second = (lambda: dist.all_reduce(t)) if op == "allreduce" else (lambda: dist.send(t, 0) if rank else dist.recv(t, 1))
+    if rank == 1:
+        time.sleep(stops_after)  # alive meanwhile: its event loop answers probes
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return {"error": _error_of(second)}
+    start = time.time()
+    err = _error_of(second)
+    failed_after = time.time() - start
+    dist.destroy_process_group()
+    os.kill(int(pids[0]), signal.SIGCONT)
+    return {"error": err, "failed_after": failed_after}
+
+
 def stop_while_waiting(rank, world, how):
     """Rank 1 never joins rank 0's allreduce (group timeout 60 s); rank 0
     stops the group while it waits: abort() fails it at once, shutdown()

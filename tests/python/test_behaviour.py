@@ -464,6 +464,25 @@ def test_a_peer_frozen_mid_transfer_fails_the_operation_and_destroy_returns():
     assert results[1][0] in ("ok", "error"), results[1]  # rank 1 woke up and ended, either way
 
 
+@pytest.mark.parametrize("op", ["allreduce", "recv"])
+def test_a_peer_frozen_before_it_enters_the_operation_fails_it_at_the_peer_timeout(op):
+    # Nothing is in flight to the stopped peer (what was sent to it arrived
+    # and was confirmed; it never sent its own descriptor): the operation's
+    # wait on it is what the peer timeout guards.
+    stops_after = 1.5
+    results = run_ranks(2, scenarios.peer_frozen_between_operations, op, stops_after,
+                        env={"MAESTRO_PEER_TIMEOUT": "3"}, timeout=120)
+    status, v = results[0]
+    assert status == "ok", v
+    assert "rank 1 has answered nothing on any of its" in v["error"], v["error"]
+    # 3 s of unanswered probes, the first up to one probe interval (0.5 s)
+    # before the stop; the upper bound is a liveness bound with margin for a
+    # loaded host, far below the group's 60 s.
+    took = v["failed_after"] - stops_after
+    assert 3 - 0.5 < took < 3 + 10, f"the error came {took:.1f} s after the peer stopped"
+    assert results[1][0] in ("ok", "error"), results[1]  # rank 1 woke up and ended, either way
+
+
 def test_a_peer_frozen_for_less_than_the_peer_timeout_costs_only_the_freeze():
     # Frozen for 3 s, longer than the path timeout (2 s), shorter than the
     # default peer timeout (10 s): no path is closed as blackholed, no
