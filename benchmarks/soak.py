@@ -66,6 +66,23 @@ def plan(seed: int, i: int) -> dict:
             "root": r.choice(members), "group": group, "members": members}
 
 
+def _wrong(torch, p, i, rank, gen, got, want) -> dict:
+    """What a wrong result was: operation i of the plan, on which rank and in
+    which group generation, and where its elements differ (reduce_scatter
+    always sums: its "op" is not drawn for it)."""
+    rec = {"index": i, "rank": rank, "generation": gen,
+           **{k: p[k] for k in ("kind", "n", "dtype", "op", "group")}}
+    if got.shape != want.shape:
+        rec["shape"] = [list(got.shape), list(want.shape)]
+        return rec
+    bad = (got != want).reshape(-1).nonzero().reshape(-1)
+    rec["elements_wrong"] = int(bad.numel())
+    if bad.numel():
+        rec["first_wrong"], rec["last_wrong"] = int(bad[0]), int(bad[-1])
+        rec["got_want_at_first"] = [got.reshape(-1)[bad[0]].item(), want.reshape(-1)[bad[0]].item()]
+    return rec
+
+
 def _input(torch, p, i, rank, n):
     """Small integers, exact in every dtype and in a sum over 4 ranks."""
     base = torch.arange(n, dtype=torch.int64)
@@ -141,7 +158,7 @@ def worker(args) -> int:
                 try:
                     got, want = _run_op(torch, dist, p, i, rank, members, g, alive)
                     if want is not None and not torch.equal(got, want):
-                        stats["wrong"].append({"op": i, **{k: p[k] for k in ("kind", "n", "dtype", "op", "group")}})
+                        stats["wrong"].append(_wrong(torch, p, i, rank, gen, got, want))
                     else:
                         stats["ok"] += 1
                 except RuntimeError as e:

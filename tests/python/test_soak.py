@@ -44,3 +44,16 @@ def test_markdown_has_each_ranks_growth_and_the_plot(tmp_path):
            "500 / 580 / 580; +0.00 MB per 1,000 operations |" in text
     assert "![soak RSS](results/soak_rss.png)" in text
     assert (tmp_path / "results" / "soak_rss.png").stat().st_size > 0
+
+
+def test_a_wrong_result_is_recorded_with_its_index_rank_and_extent():
+    import torch
+
+    want = torch.arange(10)
+    got = want.clone()
+    got[3:6] = -1
+    p = {"kind": "all_reduce", "n": 10, "dtype": "int64", "op": "min", "group": None}
+    w = soak._wrong(torch, p, 2885, 2, 0, got, want)
+    assert (w["index"], w["rank"], w["generation"], w["op"]) == (2885, 2, 0, "min")
+    assert (w["elements_wrong"], w["first_wrong"], w["last_wrong"]) == (3, 3, 5)
+    assert w["got_want_at_first"] == [-1, 3]
