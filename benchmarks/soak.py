@@ -68,10 +68,13 @@ def plan(seed: int, i: int) -> dict:
 
 def _wrong(torch, p, i, rank, gen, got, want) -> dict:
     """What a wrong result was: operation i of the plan, on which rank and in
-    which group generation, and where its elements differ (reduce_scatter
-    always sums: its "op" is not drawn for it)."""
+    which group generation, and where its elements differ. The reduction is
+    named only for all_reduce, the one kind that uses it (reduce_scatter
+    always sums)."""
     rec = {"index": i, "rank": rank, "generation": gen,
-           **{k: p[k] for k in ("kind", "n", "dtype", "op", "group")}}
+           **{k: p[k] for k in ("kind", "n", "dtype", "group")}}
+    if p["kind"] == "all_reduce":
+        rec["op"] = p["op"]
     if got.shape != want.shape:
         rec["shape"] = [list(got.shape), list(want.shape)]
         return rec

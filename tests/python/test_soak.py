@@ -57,3 +57,4 @@ def test_a_wrong_result_is_recorded_with_its_index_rank_and_extent():
     assert (w["index"], w["rank"], w["generation"], w["op"]) == (2885, 2, 0, "min")
     assert (w["elements_wrong"], w["first_wrong"], w["last_wrong"]) == (3, 3, 5)
     assert w["got_want_at_first"] == [-1, 3]
+    assert "op" not in soak._wrong(torch, {**p, "kind": "reduce_scatter"}, 2885, 2, 0, got, want)
