@@ -190,6 +190,11 @@ void ChannelMux::onPathError(int peer, int path, const std::string& what) {
     deliver(c, peer, [&](ChannelSink* s, int r) { s->onPathError(r, path, what); });
 }
 
+void ChannelMux::onPathFenced(int peer, int path, uint64_t mark) {
+  for (uint32_t c = 0; c < kMaxChannels; ++c)
+    deliver(c, peer, [&](ChannelSink* s, int r) { s->onPathFenced(r, path, mark); });
+}
+
 void ChannelMux::onPathUp(int peer, int path) {
   for (uint32_t c = 0; c < kMaxChannels; ++c)
     deliver(c, peer, [&](ChannelSink* s, int r) { s->onPathUp(r, path); });

@@ -82,6 +82,7 @@ class ChannelMux : public transport::CompletionSink {
   void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override;
   void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
   void onPathError(int peer, int path, const std::string& what) override;
+  void onPathFenced(int peer, int path, uint64_t mark) override;
   void onPathUp(int peer, int path) override;
   void onWriteWithdrawn(int peer, int path, uint64_t wr_id) override;
 

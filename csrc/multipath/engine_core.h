@@ -123,6 +123,7 @@ class EngineCore : public ChannelSink {
   void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override;
   void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
   void onPathError(int peer, int path, const std::string& what) override;
+  void onPathFenced(int peer, int path, uint64_t mark) override;
   void onPathUp(int peer, int path) override;
   void onWriteWithdrawn(int peer, int path, uint64_t wr_id) override;
   // ChannelSink
@@ -148,7 +149,7 @@ class EngineCore : public ChannelSink {
   void pathDown(Peer& peer, int slot, const std::string& what);  // peer.mu held
   void doubt(Peer& peer, int slot, const std::string& why);        // peer.mu held: set aside and probed
   void fence(Peer& peer, int slot);          // peer.mu held: what is in flight on it moves too, if it can
-  void sendFence(Peer& peer, const PathSlot& via, const PathSlot& fenced);  // peer.mu held
+  void sendFence(Peer& peer, const PathSlot& via, int fenced, uint64_t mark);  // peer.mu held
   double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
   void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held

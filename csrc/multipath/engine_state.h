@@ -83,6 +83,12 @@ struct EngineCore::PathSlot {
   // the network shows its bytes are lost); its probe's answer clears it.
   int fenced = 0;
   uint64_t fence_mark = 0;
+  // Its connection failed (transport: onPathFenced): the peer drops what of
+  // it still arrives, up to `closed_mark`, which it hears on every path
+  // before any copy of a flushed chunk -- on the paths up then, and on one
+  // that comes up later before its first chunk. Cleared when the path is up
+  // again (its new connection replaced the old one on both sides).
+  uint64_t closed_mark = 0;
   std::string description;
   std::string last_error;
   std::string route;

@@ -39,6 +39,19 @@ void EngineCore::onPathError(int peer, int transport_path, const std::string& wh
   notify();
 }
 
+void EngineCore::onPathFenced(int peer, int transport_path, uint64_t mark) {
+  Peer& p = *peers_[peer];
+  std::lock_guard<std::mutex> lock(p.mu);
+  const int path = slotOf(p, transport_path);
+  if (path < 0) return;  // a discovery candidate we do not use
+  // Before its flushed chunks move (onPathError, then their completions):
+  // an original still on the way is dropped, never landed after its copy.
+  PathSlot& slot = p.paths[path];
+  slot.closed_mark = mark;
+  for (const PathSlot& s : p.paths)
+    if (&s != &slot && s.up) sendFence(p, s, slot.id, mark);
+}
+
 void EngineCore::onPathUp(int peer, int transport_path) {
   Peer& p = *peers_[peer];
   {
@@ -66,10 +79,14 @@ void EngineCore::onPathUp(int peer, int transport_path) {
     sender_->pathUp(peer, path, hunted, Clock::now());
     slot.fenced = 0;
     slot.ping_outstanding = false;
-    // Chunks withdrawn from a path still set aside may come here: the peer
-    // hears of that fence on this path first.
-    for (const PathSlot& s : p.paths)
-      if (s.fenced > 0 && s.up) sendFence(p, slot, s);
+    // Chunks withdrawn from a path still set aside, or flushed from one
+    // whose connection failed, may come here: the peer hears of that fence
+    // on this path first.
+    slot.closed_mark = 0;
+    for (const PathSlot& s : p.paths) {
+      if (s.fenced > 0 && s.up) sendFence(p, slot, s.id, s.fence_mark);
+      if (s.closed_mark != 0) sendFence(p, slot, s.id, s.closed_mark);
+    }
     if (hunted) MAESTRO_INFO("path ", path, " to rank ", peer, " re-opened on another route",
                              slot.route.empty() ? std::string() : strcat(" (via ", slot.route, ")"));
     else MAESTRO_INFO("path ", path, " to rank ", peer, " is up again");
@@ -216,14 +233,14 @@ void EngineCore::fence(Peer& p, int path) {
   MAESTRO_INFO("path ", path, " to rank ", p.rank, ": its ", inflight,
                " chunks in flight are sent again on the other paths");
   for (const PathSlot& s : p.paths)
-    if (&s != &slot && s.up) sendFence(p, s, slot);
+    if (&s != &slot && s.up) sendFence(p, s, slot.id, mark);
 }
 
-void EngineCore::sendFence(Peer& p, const PathSlot& via, const PathSlot& fenced) {
+void EngineCore::sendFence(Peer& p, const PathSlot& via, int fenced, uint64_t mark) {
   ControlHeader h{};
   h.type = static_cast<uint8_t>(ControlType::kFence);
-  h.sub = static_cast<uint32_t>(fenced.id);
-  h.seq = fenced.fence_mark;
+  h.sub = static_cast<uint32_t>(fenced);
+  h.seq = mark;
   try {
     mesh_.transport->postSend(p.rank, via.id, &h, sizeof h);
   } catch (const Error&) {

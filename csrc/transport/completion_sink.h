@@ -33,6 +33,16 @@ class CompletionSink {
   // path stays open); it completes no other way. Only a transport that
   // fences (fencing.h) raises it. By default, as if flushed.
   virtual void onWriteWithdrawn(int peer, int path, uint64_t wr_id) { onWriteComplete(peer, path, wr_id, false); }
+  // Sender side, a transport that fences (fencing.h): the path's connection
+  // failed, and what it had not yet delivered is flushed to be sent again
+  // elsewhere. A close does not take back what is already on the way (the
+  // kernel still sends what it queued, a route that swallowed it may
+  // deliver it late), so the peer must drop whatever of that connection
+  // still arrives -- Fencing::dropWritesUntil(mark), which no MARK of the
+  // connection reaches -- before any flushed write is sent again: otherwise
+  // an original can land after the copy, when its place holds the next
+  // message. Raised once, just before the path's onPathError.
+  virtual void onPathFenced(int peer, int path, uint64_t mark) {}
 };
 
 }  // namespace transport

@@ -5,7 +5,9 @@
 // originals never land after the copies.
 //
 // A transport offers it only where the sender decides what lands (tcp: the
-// receiver drops frames behind a mark). Verbs does not: what the adapter sent
+// receiver drops frames behind a mark). A connection that fails is fenced
+// for good the same way (CompletionSink::onPathFenced), since its close
+// does not take back what the kernel still sends of it. Verbs does not: what the adapter sent
 // lands whatever the sender does later, so there the writes of a suspect path
 // move once it is closed and flushed.
 #pragma once

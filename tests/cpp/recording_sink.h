@@ -27,6 +27,12 @@ class RecordingSink : public transport::CompletionSink {
     std::vector<std::string> messages;
     std::vector<std::string> errors;
     std::vector<int> ups;
+    // onPathFenced: (mark, errors and flushed writes recorded before it)
+    struct Fence {
+      uint64_t mark;
+      size_t errors_before, flushed_before;
+    };
+    std::vector<Fence> fences;
   };
 
   void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) override {
@@ -53,6 +59,11 @@ class RecordingSink : public transport::CompletionSink {
   void onPathError(int peer, int path, const std::string& what) override {
     std::lock_guard<std::mutex> lock(mu_);
     r_.errors.push_back(what);
+    cv_.notify_all();
+  }
+  void onPathFenced(int peer, int path, uint64_t mark) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    r_.fences.push_back({mark, r_.errors.size(), r_.flushed.size()});
     cv_.notify_all();
   }
   void onPathUp(int peer, int path) override {

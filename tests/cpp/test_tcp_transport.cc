@@ -827,6 +827,64 @@ TEST_F(RawPeer, WithdrawnWritesCompleteOnceAndTheMarkFollowsThem) {
   t_->shutdown();  // before `big` goes
 }
 
+// A connection that fails while it holds writes flushes them to be sent
+// again elsewhere, but the kernel still sends what it had queued (a route
+// that swallowed it may deliver it seconds later, after the copies, into a
+// place that holds the next message by then). So the sender hands the layer
+// above a mark to tell its peer before the flush: one that names the
+// connection and that no MARK reaches.
+TEST_F(RawPeer, AConnectionThatFailsWithWritesOnItIsFencedForGoodBeforeTheyAreFlushed) {
+  ASSERT_EQ(0u, hello(0, 0));
+  std::vector<uint8_t> big(16 << 20, 0x42);
+  Region local = t_->registerMemory(big.data(), big.size());
+  transport::WriteRequest w;
+  w.local = local;
+  w.src = big.data();
+  w.length = big.size();
+  w.remote = RemoteRegion{7, 7, 0, big.size()};
+  w.wr_id = 1;
+  t_->postWrite(0, 0, w);  // the raw peer does not read: stuck in the socket
+  t_->closePath(0, 0, "set aside by the test");
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.flushed.size() == 1; }, 10));
+  const auto r = sink_.now();
+  ASSERT_EQ(1u, r.fences.size());
+  EXPECT_EQ(0u, r.fences[0].errors_before) << "fenced before the path's error";
+  EXPECT_EQ(0u, r.fences[0].flushed_before) << "fenced before its writes were flushed";
+  const uint64_t mark = r.fences[0].mark;
+  EXPECT_TRUE(transport::tcp::sameConnection(mark, goodHello(0, 0).connection)) << "names the connection";
+  EXPECT_EQ(transport::tcp::kClosedFence, mark & transport::tcp::kClosedFence) << "a count no MARK carries";
+  t_->shutdown();  // before `big` goes
+}
+
+// Receiver side: told of that mark, it drops every write still arriving on
+// the connection, past any MARK its sender could have sent, and keeps
+// acknowledging them; the write landing when the notice comes stops there.
+TEST_F(RawPeer, AFailedConnectionsFenceDropsEveryWriteStillArrivingOnIt) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 8, true, 1), 8);  // the path is in place
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
+  const FrameHeader landing = transport::tcp::writeFrame(region_.id, key_, 1024, 2048, true, 2);
+  net::writeFull(fd_, &landing, sizeof landing);
+  std::vector<uint8_t> first(1024, 0xA1), rest(1024, 0xB2);
+  net::writeFull(fd_, first.data(), first.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // most often read by now: landing
+  t_->fencing()->dropWritesUntil(0, 0, transport::tcp::markOf(0, transport::tcp::kClosedFence));
+  net::writeFull(fd_, rest.data(), rest.size());
+  sendFrame(transport::tcp::markFrame(transport::tcp::markOf(0, transport::tcp::kClosedFence - 1)), 0);
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 64, 64, true, 3), 64);
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 128, 8, true, 4), 8);
+  expectAcked(4);  // dropped writes are acknowledged like landed ones
+  for (size_t i = 0; i < memory_.size(); ++i) {
+    const size_t at = i - kGuard;
+    if (i >= kGuard && at < 8) continue;  // the write before the notice
+    if (i >= kGuard && at >= 1024 && at < 2048) continue;  // what landed of the stopped one, maybe
+    ASSERT_EQ(0x5C, memory_[i]) << "byte " << at << " was written after the notice";
+  }
+  EXPECT_EQ(1u, sink_.now().arrivals.size()) << "a dropped write raised an arrival";
+  EXPECT_EQ(3u, fenceDrops(*t_));
+  EXPECT_TRUE(sink_.now().errors.empty());
+}
+
 
 // ---- single copy (same_host.h) -------------------------------------------
 // The raw peer is this very process: its offer is a real one (its pid, a

@@ -76,6 +76,9 @@ FrameHeader markFrame(uint64_t mark);
 // is told apart; the count of this side's fences below.
 constexpr int kFenceBits = 16;
 inline uint64_t markOf(uint64_t connection, uint64_t fences) { return (connection << kFenceBits) | fences; }
+// The count of a failed connection's last fence: no MARK carries it, so its
+// peer drops every write still arriving on that connection.
+constexpr uint64_t kClosedFence = (uint64_t{1} << kFenceBits) - 1;
 inline bool sameConnection(uint64_t mark, uint64_t connection) {
   return (mark >> kFenceBits) == (connection & ((uint64_t{1} << (64 - kFenceBits)) - 1));
 }

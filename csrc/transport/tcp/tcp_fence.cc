@@ -18,7 +18,7 @@ uint64_t TcpPath::withdraw() {
     // So many fences on one connection: its writes stay, and move when it
     // is closed. (Checked before any is taken back: nothing else would
     // complete them.)
-    if (fences_ == UINT16_MAX) return 0;
+    if (fences_ + 1 >= kClosedFence) return 0;
     for (Unacked& u : unacked_) {  // oldest first
       if (u.withdrawn) continue;
       u.withdrawn = true;  // its bytes may still be leaving: the MARK follows them

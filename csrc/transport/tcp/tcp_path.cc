@@ -625,6 +625,9 @@ void TcpPath::fail(const std::string& why) {
   }
   if (!stopping) {  // shutting down: nobody wants completions
     MAESTRO_INFO("path ", path_, " to rank ", peer_, " (", description_, ") failed: ", why);
+    // The shutdown above lets the kernel still send what it queued: the
+    // peer drops it (it may arrive after the copies of the flushed writes).
+    sink_->onPathFenced(peer_, path_, markOf(connection_, kClosedFence));
     sink_->onPathError(peer_, path_, why);
   }
   {

@@ -7,9 +7,10 @@
 //
 // Completions follow RC semantics: a write completes when the peer ACKs it
 // (its bytes are in the peer's memory), in posting order. When the path
-// fails, onPathError is raised once and every write that was not ACKed
-// completes with ok=false -- including writes posted later -- so the layer
-// above can resend them elsewhere.
+// fails, onPathFenced (its mark: the peer drops what still arrives of the
+// connection) and onPathError are raised once, and every write that was not
+// ACKed completes with ok=false -- including writes posted later -- so the
+// layer above can resend them elsewhere.
 //
 // With single copy (same_host.h), each side offers itself at start(); once
 // the peer accepts, writes go by reference and the peer copies their
