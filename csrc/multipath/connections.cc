@@ -47,6 +47,14 @@ void EngineCore::installLocked(Peer& p, const PeerPaths& paths) {
     }
     activate(p);  // connected at start-up: never asked for
     p.link = Peer::Link::kUp;
+    // Connections that failed before this: down now, as if they had failed
+    // after (the peer may have exited while the pair connected).
+    std::vector<std::pair<int, std::string>> early;
+    early.swap(p.early_errors);
+    for (const auto& [id, what] : early) {
+      const int path = slotOf(p, id);
+      if (path >= 0) pathDown(p, path, what);
+    }
     if (!p.unreachable) {
       // What was sent while it connected goes now, in order; chunks that
       // waited for paths are assigned to them.

@@ -142,6 +142,10 @@ struct EngineCore::Peer {
   Link link = Link::kNone;
   // Control messages sent while it was connecting, posted once it is up.
   std::vector<std::pair<std::vector<uint8_t>, bool>> waiting_control;
+  // Connections that failed before the paths were installed (transport path
+  // id, error): a peer that exits while its pair connects closes them
+  // before this side knows its paths. They are down from the install on.
+  std::vector<std::pair<int, std::string>> early_errors;
   bool unreachable = false;
   bool left = false;  // the peer said goodbye (its group was destroyed)
   // The failure its goodbye named (of operation left_after_seq), if any:

@@ -33,7 +33,12 @@ void EngineCore::onPathError(int peer, int transport_path, const std::string& wh
   {
     std::lock_guard<std::mutex> lock(p.mu);
     int path = slotOf(p, transport_path);
-    if (path < 0) return;  // a discovery candidate we do not use
+    if (path < 0) {
+      // Connected but not yet installed: down once it is (installLocked).
+      // Otherwise a discovery candidate we do not use.
+      if (p.link != Peer::Link::kUp) p.early_errors.emplace_back(transport_path, what);
+      return;
+    }
     pathDown(p, path, what);
   }
   notify();
@@ -57,6 +62,11 @@ void EngineCore::onPathUp(int peer, int transport_path) {
   {
     std::lock_guard<std::mutex> lock(p.mu);
     int path = slotOf(p, transport_path);
+    if (path < 0) {  // not yet installed: a connection that replaced a failed one is up
+      auto& early = p.early_errors;
+      early.erase(std::remove_if(early.begin(), early.end(), [&](const auto& e) { return e.first == transport_path; }),
+                  early.end());
+    }
     if (path < 0 || p.unreachable) return;  // start-up, or a group already failed
     PathSlot& slot = p.paths[path];
     if (slot.up) return;

@@ -4,6 +4,7 @@
 // ranks that have no paths to the rank that raised them. Ranks as threads
 // over real loopback sockets.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -14,7 +15,9 @@
 #include "collectives/collectives.h"
 #include "collectives/op.h"
 #include "collectives/p2p.h"
+#include "common/config.h"
 #include "common/error.h"
+#include "common/net.h"
 #include "test_util.h"
 
 namespace maestro {
@@ -252,6 +255,64 @@ TEST(Connect, APeerThatLeavesRightAfterItsLastMessageFailsNoLookOfTheOperation) 
     EXPECT_EQ("", error) << "rank 1 left at look " << at;
     EXPECT_GE(looks, at);
   }
+}
+
+// A store that hands the other ranks a different endpoint for one path of
+// one rank (a listener that takes the connection and never answers its
+// hello): that path's connect hangs until the connect timeout.
+class SwappedEndpoint : public testing::MemoryRendezvous {
+ public:
+  SwappedEndpoint(int rank, size_t path) : rank_(rank), path_(path) {}
+  ~SwappedEndpoint() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void set(const std::string& key, const std::string& value) override {
+    if (key != strcat("maestro/endpoints/", rank_)) return MemoryRendezvous::set(key, value);
+    std::vector<std::string> list = splitList(value.substr(3));  // "ok:" + the endpoints
+    const std::string ip = list.at(path_).substr(0, list.at(path_).rfind(':'));
+    fd_ = net::listenOn(ip, 0);
+    list[path_] = strcat(ip, ":", net::localAddress(fd_).port());
+    std::string joined;
+    for (const auto& e : list) joined += (joined.empty() ? "" : ",") + e;
+    MemoryRendezvous::set(key, "ok:" + joined);
+  }
+
+ private:
+  const int rank_;
+  const size_t path_;
+  int fd_ = -1;
+};
+
+// A peer that exits while its pair connects closes the connections that
+// came up before this side installed its paths: they are down from the
+// install on, so the peer is failed then -- not taken for a silent one and
+// waited on for the peer timeout.
+TEST(Connect, APeerThatExitsWhileItsPairConnectsIsFailedOnceItsPathsAreInstalled) {
+  const int n = 6;  // ranks 0 and 3 are neither ring neighbours nor barrier partners: they connect on first use
+  auto opts = twoPaths();
+  opts["connect_timeout"] = "2";
+  opts["peer_timeout"] = "60";
+  SwappedEndpoint store(3, 1);
+  std::vector<std::unique_ptr<multipath::Engine>> engines(n);
+  auto errors = runRanks(n, [&](int r) { engines[r] = std::make_unique<multipath::Engine>(opts, store, r, n, after(30)); });
+  for (auto& e : errors) ASSERT_EQ("", errorText(e));
+  multipath::Engine& me = *engines[0];
+  ASSERT_FALSE(me.connected(3));
+  const auto start = Clock::now();
+  me.connect(3);  // path 0 connects; path 1's hello waits for the connect timeout
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  engines[3].reset();  // closes path 0 before rank 0 has installed its paths
+  std::string error;
+  while (error.empty() && Clock::now() < start + std::chrono::seconds(15)) {
+    try {
+      me.checkPeer(3);
+      me.waitEvent(me.eventCount(), after(0.05));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  EXPECT_NE(std::string::npos, error.find("rank 3")) << error;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 8) << "failed at the connect timeout (2 s), not a peer timeout: " << error;
 }
 
 }  // namespace
