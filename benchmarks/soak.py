@@ -17,6 +17,13 @@ do); a killed rank's survivors go on without it.
 
     sudo .venv/bin/python benchmarks/soak.py --ops 10000 [--kill-after S] [--seed 1] [--out FILE]
 
+--large-reductions draws only large reductions (allreduce and
+reduce-scatter of 2-8 Mi int64 elements on the world group) and injects a
+fault every 0.5-2 s: many chunks in flight whenever a path is set aside or
+closed, where a chunk landing twice or late would show. It is recorded
+beside the main run (docs/results/soak_large_reductions.json, a section of
+docs/soak.md).
+
 prints one summary (operations, faults by kind, wrong results, hangs,
 errors and their worst latency, RSS and descriptors over the run and their
 growth after the warm-up) and writes it
@@ -47,9 +54,12 @@ GROUP_TIMEOUT_S = 20
 # ---------------------------------------------------------------- the plan
 
 
-def plan(seed: int, i: int) -> dict:
+def plan(seed: int, i: int, large_reductions: bool = False) -> dict:
     """Operation i, the same on every rank."""
     r = random.Random(seed * 1_000_003 + i)
+    if large_reductions:
+        return {"kind": r.choice(["all_reduce", "reduce_scatter"]), "n": r.randint(1 << 21, 1 << 23),
+                "dtype": "int64", "op": "sum", "root": 0, "group": None, "members": [0, 1, 2, 3]}
     kind = r.choice(KINDS)
     u = r.random()
     if u < 0.02:
@@ -86,9 +96,10 @@ def _wrong(torch, p, i, rank, gen, got, want) -> dict:
     return rec
 
 
-def _input(torch, p, i, rank, n):
-    """Small integers, exact in every dtype and in a sum over 4 ranks."""
-    base = torch.arange(n, dtype=torch.int64)
+def _input(torch, p, i, rank, n, start=0):
+    """Small integers, exact in every dtype and in a sum over 4 ranks
+    (elements [start, start + n) of rank's input)."""
+    base = torch.arange(start, start + n, dtype=torch.int64)
     return ((base * 7 + rank * 13 + i) % 1000).to(getattr(torch, p["dtype"]))
 
 
@@ -147,7 +158,7 @@ def worker(args) -> int:
             _record_error(stats, "set-up", e, start)
             failed = True
         while i < args.ops and not failed:
-            p = plan(args.seed, i)
+            p = plan(args.seed, i, args.large_reductions)
             members = alive if p["group"] is None else p["members"]
             if p["group"] is not None and p["group"] not in subs:
                 stats["dropped"] += 1  # its subgroup lost a rank
@@ -255,13 +266,10 @@ def _run_op(torch, dist, p, i, rank, members, g, alive):
         dist.all_gather_into_tensor(out, x, group=g)
         return out, _expected(torch, p, i, members)
     # reduce_scatter of a (len(members) * n) input: this rank's block summed
-    k = len(members)
-    full = [_input(torch, {**p, "n": n * k}, i, r, n * k) for r in members]
-    mine = full[members.index(rank)]
+    k, pos = len(members), members.index(rank)
     out = torch.empty(n, dtype=x.dtype)
-    dist.reduce_scatter_tensor(out, mine, group=g)
-    pos = members.index(rank)
-    return out, sum(f[pos * n:(pos + 1) * n] for f in full)
+    dist.reduce_scatter_tensor(out, _input(torch, p, i, rank, n * k), group=g)
+    return out, sum(_input(torch, p, i, r, n, start=pos * n) for r in members)
 
 
 # ---------------------------------------------------------------- the driver
@@ -271,8 +279,9 @@ class Injector(threading.Thread):
     """Faults at random moments: a spine link down for 1-3 s, one path's
     socket destroyed (ss -K), a rank frozen for 0.5-3 s."""
 
-    def __init__(self, lab, ranks, seed):
+    def __init__(self, lab, ranks, seed, interval=(2, 5)):
         super().__init__(daemon=True)
+        self.interval = interval  # seconds between faults, drawn uniformly
         self.lab, self.ranks, self.rng = lab, ranks, random.Random(seed)
         self.stop = threading.Event()
         self.counts = {"link_flap": 0, "socket_destroyed": 0, "rank_frozen": 0, "rank_killed": 0}
@@ -281,7 +290,7 @@ class Injector(threading.Thread):
 
     def run(self):
         kinds = ["link_flap", "socket_destroyed", "rank_frozen"]
-        while not self.stop.wait(self.rng.uniform(2, 5)):
+        while not self.stop.wait(self.rng.uniform(*self.interval)):
             kind = kinds[self.rng.randrange(len(kinds))]
             if self.kill_after is not None and not self.counts["rank_killed"] and \
                     time.monotonic() - self.started > self.kill_after:
@@ -379,6 +388,28 @@ def baseline_markdown(results_dir: str) -> list:
     return text
 
 
+LARGE_REDUCTIONS = "soak_large_reductions.json"
+
+
+def large_reductions_markdown(results_dir: str) -> list:
+    """A section on the run of large reductions only (--large-reductions,
+    recorded as docs/results/soak_large_reductions.json), if there is one."""
+    path = os.path.join(results_dir, LARGE_REDUCTIONS)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        b = json.load(f)
+    faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in b["faults"].items() if v) or "none"
+    return ["", "## Large reductions under faults", "",
+            "Only allreduces and reduce-scatters of 2-8 Mi int64 elements on the world group, a fault every",
+            "0.5-2 s: many chunks in flight whenever a path is set aside or closed, where a chunk that lands",
+            "twice, or after the next message took its place, would show.", "",
+            "| run | results checked | wrong | errors | hung ranks | faults | seconds |",
+            "|---|---|---|---|---|---|---|",
+            f"| `{b['command']}` at {b['commit']}, {b['date'][:10]} | {b['ops_checked']} | "
+            f"{len(b['wrong_results'])} | {b['errors']} | {len(b['hung_ranks'])} | {faults} | {b['seconds']} |"]
+
+
 def write_markdown(s: dict, path: str):
     """docs/soak.md from a run's summary (nothing typed by hand)."""
     faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in s["faults"].items()) or "none"
@@ -419,6 +450,7 @@ def write_markdown(s: dict, path: str):
     if s["error_messages"]:
         text += ["", "The first errors, as the ranks reported them:", ""]
         text += [f"- `{m}`" for m in s["error_messages"][:6]]
+    text += large_reductions_markdown(os.path.join(os.path.dirname(path), "results"))
     text += baseline_markdown(os.path.join(os.path.dirname(path), "results"))
     with open(path, "w") as f:
         f.write("\n".join(text) + "\n")
@@ -430,6 +462,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-faults", action="store_true", help="the same run without the injector (a baseline)")
+    ap.add_argument("--large-reductions", action="store_true",
+                    help="only large allreduce / reduce-scatter (2-8 Mi int64 elements), a fault every 0.5-2 s")
     ap.add_argument("--kill-after", type=float, default=None,
                     help="kill one rank (not rank 0) this many seconds in; the survivors go on in a new group")
     ap.add_argument("--deadline", type=float, default=3600, help="seconds before the run counts as hung")
@@ -458,10 +492,11 @@ def main() -> int:
     started = time.time()
     with netlab.Lab(name="soak", mode="pinned", core=1000, access=1000) as lab:
         ranks = labrun.start(lab, [os.path.abspath(__file__), "--worker", "--ops", str(args.ops),
-                                   "--seed", str(args.seed)], world=4)
+                                   "--seed", str(args.seed)] + (["--large-reductions"] if args.large_reductions else []),
+                             world=4)
         for r in range(4):
             ranks.wait_for_line(r, "SOAK-READY", 120)
-        injector = Injector(lab, ranks, args.seed)
+        injector = Injector(lab, ranks, args.seed, (0.5, 2) if args.large_reductions else (2, 5))
         injector.kill_after = args.kill_after
         if not args.no_faults:
             injector.start()

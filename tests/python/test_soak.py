@@ -58,3 +58,35 @@ def test_a_wrong_result_is_recorded_with_its_index_rank_and_extent():
     assert (w["elements_wrong"], w["first_wrong"], w["last_wrong"]) == (3, 3, 5)
     assert w["got_want_at_first"] == [-1, 3]
     assert "op" not in soak._wrong(torch, {**p, "kind": "reduce_scatter"}, 2885, 2, 0, got, want)
+
+
+def test_large_reductions_draw_only_large_world_reductions():
+    drawn = [soak.plan(1, i, large_reductions=True) for i in range(200)]
+    assert {p["kind"] for p in drawn} == {"all_reduce", "reduce_scatter"}
+    assert all(p["group"] is None and p["dtype"] == "int64" and p["op"] == "sum" for p in drawn)
+    assert all(2 ** 21 <= p["n"] <= 2 ** 23 for p in drawn)
+    assert soak.plan(1, 7) != soak.plan(1, 7, large_reductions=True)  # the main run's plan is its own
+
+
+def test_a_reduce_scatter_block_of_the_inputs_is_the_slice_of_the_whole_input():
+    import torch
+
+    p = {"dtype": "int64"}
+    whole = soak._input(torch, p, 5, 2, 4000)
+    assert torch.equal(soak._input(torch, p, 5, 2, 1000, start=2000), whole[2000:3000])
+
+
+def test_markdown_has_the_large_reductions_run_when_it_is_recorded(tmp_path):
+    import json
+
+    (tmp_path / "results").mkdir()
+    assert soak.large_reductions_markdown(str(tmp_path / "results")) == []
+    run = {"command": "sudo .venv/bin/python benchmarks/soak.py --large-reductions --ops 200", "commit": "abc1234",
+           "date": "2026-12-02T10:00:00+00:00", "ops_checked": 800, "wrong_results": [], "errors": 0,
+           "hung_ranks": [], "faults": {"link_flap": 76, "socket_destroyed": 64, "rank_frozen": 80, "rank_killed": 0},
+           "seconds": 584.4}
+    (tmp_path / "results" / soak.LARGE_REDUCTIONS).write_text(json.dumps(run))
+    text = "\n".join(soak.large_reductions_markdown(str(tmp_path / "results")))
+    assert "## Large reductions under faults" in text
+    assert ("| `sudo .venv/bin/python benchmarks/soak.py --large-reductions --ops 200` at abc1234, 2026-12-02 | 800 | "
+            "0 | 0 | 0 | 76 link flap, 64 socket destroyed, 80 rank frozen | 584.4 |") in text
