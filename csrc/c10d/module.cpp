@@ -8,8 +8,10 @@
 #include <torch/version.h>
 
 #include "c10d/backend.hpp"
+#include "collectives/exchange.h"
 #include "common/config.h"
 #include "common/net.h"
+#include "multipath/decomposer.h"
 
 namespace py = pybind11;
 
@@ -108,6 +110,20 @@ PYBIND11_MODULE(_C, m) {
                           "group_wide"_a = k.group_wide));
     return out;
   });
+  // Sizes and counts the docs quote, from where the code declares them
+  // (tests/python/test_docs.py holds the docs to them).
+  m.def(
+      "_constants",
+      [] {
+        using namespace pybind11::literals;
+        const size_t tcp_chunk = maestro::chunkSizeFor("tcp");
+        return py::dict("tcp_chunk_bytes"_a = tcp_chunk, "verbs_chunk_bytes"_a = maestro::chunkSizeFor("verbs"),
+                        "tcp_min_chunk_bytes"_a = maestro::minChunkFor("tcp", tcp_chunk),
+                        "direct_reduce_bytes"_a = maestro::collectives::kDirectReduceBytes,
+                        "groups_sharing_paths"_a = maestro::multipath::kMaxChannels - 1);
+      },
+      "Sizes and counts the docs quote: the automatic chunk sizes, the smallest chunk of a mid-size TCP "
+      "message, the largest reduce sent straight to its root, how many groups share the default group's paths.");
   // For `python -m maestro_torch.doctor`: the checks maestro itself makes,
   // not a second copy of them.
   m.def(

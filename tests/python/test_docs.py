@@ -68,3 +68,23 @@ def test_defaults_the_docs_quote_are_the_knobs_defaults():
     wrong = [(p, env, value, defaults.get(env)) for p, env, value in quoted
              if env not in defaults or float(value) != float(defaults[env])]
     assert not wrong, f"(doc, knob, quoted default, the code's default): {wrong}"
+
+
+def test_sizes_and_counts_the_readme_quotes_are_the_codes():
+    # Claims derived from constants the code declares once; the README's
+    # lines wrap, so the text is compared with its whitespace folded.
+    c = maestro_torch._C._constants()
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+
+    def kib(b):
+        assert b % 1024 == 0, b
+        return f"{b // 1024} KiB"
+
+    direct = kib(c["direct_reduce_bytes"])
+    claims = [f"chunks ({kib(c['verbs_chunk_bytes'])} on RDMA as in the paper, {kib(c['tcp_chunk_bytes'])} on TCP;",
+              f"one chunk per path, down to {kib(c['tcp_min_chunk_bytes'])})",
+              f"({c['groups_sharing_paths']} groups at a time besides the default one)",
+              f"up to {direct} every rank writes its tensor straight to the root",
+              f"and reduce above {direct})", f"a reduce of up to {direct}"]
+    missing = [x for x in claims if x not in readme]
+    assert not missing, f"README no longer says (or says otherwise than the code): {missing}"
