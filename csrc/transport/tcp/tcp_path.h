@@ -66,6 +66,10 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   // TCP_INFO's byte counts of this connection and its congestion control,
   // and the bytes it sent by reference (single copy).
   PathCounters counters() const;
+  // The path's writes dropped by fences so far count on in the connection
+  // that replaces this one (the path's count, not the connection's: the
+  // drops of a connection that was found dead later are not lost).
+  void inheritFenceDrops(const TcpPath& old) { rx_fenced_drops_.store(old.rx_fenced_drops_.load()); }
   // What TCP_INFO says of delivery: unacknowledged segments, time since the
   // last ACK and the last send, RTT, unanswered retransmission timeouts.
   PathDelivery delivery() const;

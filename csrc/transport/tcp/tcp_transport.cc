@@ -295,6 +295,7 @@ void TcpTransport::install(int peer, int path, int fd, bool accepted, uint64_t c
   }
   auto p = std::make_shared<TcpPath>(fd, peer, path, desc, options_.sink, &regions_, loop_.get(), options_.single_copy,
                                      connection);
+  if (old) p->inheritFenceDrops(*old);
   std::vector<std::shared_ptr<TcpPath>> done;  // released outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
