@@ -109,6 +109,17 @@ class RawPeer : public ::testing::Test {
     }
     EXPECT_EQ(writes, acked);
   }
+  // A write of `length` bytes from `local` to the raw peer on path 0 (it
+  // checks nothing: any region will do).
+  void postToRawPeer(const Region& local, const std::vector<uint8_t>& src, size_t length, uint64_t wr_id) {
+    transport::WriteRequest w;
+    w.local = local;
+    w.src = src.data();
+    w.length = length;
+    w.remote = RemoteRegion{7, 7, 0, src.size()};
+    w.wr_id = wr_id;
+    t_->postWrite(0, 0, w);
+  }
   void expectUntouched() {
     for (size_t i = 0; i < memory_.size(); ++i) ASSERT_EQ(0x5C, memory_[i]) << "byte " << i << " was written";
   }
@@ -289,14 +300,7 @@ TEST_F(RawPeer, WriteInTransmissionIsFlushedWhenTheConnectionIsReplaced) {
   ASSERT_EQ(0u, hello(0, 0));
   int first = fd_;
   std::vector<uint8_t> big(32 << 20, 0x42);
-  Region local = t_->registerMemory(big.data(), big.size());
-  transport::WriteRequest w;
-  w.local = local;
-  w.src = big.data();
-  w.length = big.size();
-  w.remote = RemoteRegion{7, 7, 0, big.size()};
-  w.wr_id = 77;
-  t_->postWrite(0, 0, w);
+  postToRawPeer(t_->registerMemory(big.data(), big.size()), big, big.size(), 77);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into sendmsg(), which blocks
   EXPECT_EQ(0u, hello(0, 0));
   EXPECT_TRUE(sink_.waitFor([&](const auto& s) { return s.flushed.size() == 1; }, 10))
@@ -781,15 +785,7 @@ TEST_F(RawPeer, WithdrawnWritesCompleteOnceAndTheMarkFollowsThem) {
   ASSERT_EQ(0u, hello(0, 0));
   std::vector<uint8_t> big(16 << 20, 0x42);
   Region local = t_->registerMemory(big.data(), big.size());
-  auto write = [&](uint64_t id, size_t length) {
-    transport::WriteRequest w;
-    w.local = local;
-    w.src = big.data();
-    w.length = length;
-    w.remote = RemoteRegion{7, 7, 0, big.size()};
-    w.wr_id = id;
-    t_->postWrite(0, 0, w);
-  };
+  auto write = [&](uint64_t id, size_t length) { postToRawPeer(local, big, length, id); };
   write(1, big.size());  // the raw peer does not read yet: stuck in the socket
   write(2, 64);
   const uint64_t mark = t_->fencing()->withdrawWrites(0, 0);
@@ -836,14 +832,8 @@ TEST_F(RawPeer, WithdrawnWritesCompleteOnceAndTheMarkFollowsThem) {
 TEST_F(RawPeer, AConnectionThatFailsWithWritesOnItIsFencedForGoodBeforeTheyAreFlushed) {
   ASSERT_EQ(0u, hello(0, 0));
   std::vector<uint8_t> big(16 << 20, 0x42);
-  Region local = t_->registerMemory(big.data(), big.size());
-  transport::WriteRequest w;
-  w.local = local;
-  w.src = big.data();
-  w.length = big.size();
-  w.remote = RemoteRegion{7, 7, 0, big.size()};
-  w.wr_id = 1;
-  t_->postWrite(0, 0, w);  // the raw peer does not read: stuck in the socket
+  // The raw peer does not read: stuck in the socket.
+  postToRawPeer(t_->registerMemory(big.data(), big.size()), big, big.size(), 1);
   t_->closePath(0, 0, "set aside by the test");
   ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.flushed.size() == 1; }, 10));
   const auto r = sink_.now();
@@ -885,6 +875,24 @@ TEST_F(RawPeer, AFailedConnectionsFenceDropsEveryWriteStillArrivingOnIt) {
   EXPECT_TRUE(sink_.now().errors.empty());
 }
 
+
+// The drops are the path's: a connection that replaces the one that counted
+// them counts on from there.
+TEST_F(RawPeer, FenceDropsCountOnWhenTheConnectionIsReplaced) {
+  ASSERT_EQ(0u, hello(0, 0));
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 0, 8, true, 1), 8);  // the path is in place
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return s.arrivals.size() == 1; }, 10));
+  t_->fencing()->dropWritesUntil(0, 0, 5);
+  sendFrame(transport::tcp::writeFrame(region_.id, key_, 64, 8, true, 2), 8);  // dropped
+  expectAcked(2);
+  ASSERT_EQ(1u, fenceDrops(*t_));
+  const int first = fd_;
+  ASSERT_EQ(0u, hello(0, 0));  // a second hello replaces the connection
+  ::close(first);
+  ASSERT_TRUE(sink_.waitFor([&](const auto& s) { return !s.errors.empty(); }, 10)) << "the first one was replaced";
+  EXPECT_EQ(1u, fenceDrops(*t_));
+  for (size_t at = 64; at < 72; ++at) ASSERT_EQ(0x5C, memory_[kGuard + at]) << "byte " << at;
+}
 
 // ---- single copy (same_host.h) -------------------------------------------
 // The raw peer is this very process: its offer is a real one (its pid, a
