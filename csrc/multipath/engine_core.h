@@ -150,6 +150,8 @@ class EngineCore : public ChannelSink {
   void doubt(Peer& peer, int slot, const std::string& why);        // peer.mu held: set aside and probed
   void fence(Peer& peer, int slot);          // peer.mu held: what is in flight on it moves too, if it can
   void sendFence(Peer& peer, const PathSlot& via, int fenced, uint64_t mark);  // peer.mu held
+  // peer.mu held: the fence of `fenced` up to `mark` on every other path up
+  void sendFenceElsewhere(Peer& peer, const PathSlot& fenced, uint64_t mark);
   double doubtWindow(const PathSlot& slot) const;                  // how long a doubted path may take to answer
   void sendPing(int peer, int id);                                 // an RTT probe on transport path `id`
   void resendUnconfirmed(Peer& peer, PathSlot& slot);              // peer.mu held

@@ -53,8 +53,7 @@ void EngineCore::onPathFenced(int peer, int transport_path, uint64_t mark) {
   // an original still on the way is dropped, never landed after its copy.
   PathSlot& slot = p.paths[path];
   slot.closed_mark = mark;
-  for (const PathSlot& s : p.paths)
-    if (&s != &slot && s.up) sendFence(p, s, slot.id, mark);
+  sendFenceElsewhere(p, slot, mark);
 }
 
 void EngineCore::onPathUp(int peer, int transport_path) {
@@ -242,8 +241,12 @@ void EngineCore::fence(Peer& p, int path) {
   slot.fence_mark = mark;
   MAESTRO_INFO("path ", path, " to rank ", p.rank, ": its ", inflight,
                " chunks in flight are sent again on the other paths");
+  sendFenceElsewhere(p, slot, mark);
+}
+
+void EngineCore::sendFenceElsewhere(Peer& p, const PathSlot& fenced, uint64_t mark) {
   for (const PathSlot& s : p.paths)
-    if (&s != &slot && s.up) sendFence(p, s, slot.id, mark);
+    if (&s != &fenced && s.up) sendFence(p, s, fenced.id, mark);
 }
 
 void EngineCore::sendFence(Peer& p, const PathSlot& via, int fenced, uint64_t mark) {
