@@ -49,6 +49,10 @@ DTYPES = ["float32", "float64", "int32", "int64"]
 REDUCE = ["sum", "max", "min"]
 SUBGROUPS = [[0, 1], [1, 2, 3]]  # created by every rank in every generation
 GROUP_TIMEOUT_S = 20
+FAULT_INTERVAL_S = (2, 5)  # seconds between faults, drawn uniformly
+# --large-reductions: elements per rank's block, and a fault more often
+LARGE_ELEMENTS = (1 << 21, 1 << 23)
+LARGE_FAULT_INTERVAL_S = (0.5, 2)
 
 
 # ---------------------------------------------------------------- the plan
@@ -58,7 +62,7 @@ def plan(seed: int, i: int, large_reductions: bool = False) -> dict:
     """Operation i, the same on every rank."""
     r = random.Random(seed * 1_000_003 + i)
     if large_reductions:
-        return {"kind": r.choice(["all_reduce", "reduce_scatter"]), "n": r.randint(1 << 21, 1 << 23),
+        return {"kind": r.choice(["all_reduce", "reduce_scatter"]), "n": r.randint(*LARGE_ELEMENTS),
                 "dtype": "int64", "op": "sum", "root": 0, "group": None, "members": [0, 1, 2, 3]}
     kind = r.choice(KINDS)
     u = r.random()
@@ -279,7 +283,7 @@ class Injector(threading.Thread):
     """Faults at random moments: a spine link down for 1-3 s, one path's
     socket destroyed (ss -K), a rank frozen for 0.5-3 s."""
 
-    def __init__(self, lab, ranks, seed, interval=(2, 5)):
+    def __init__(self, lab, ranks, seed, interval=FAULT_INTERVAL_S):
         super().__init__(daemon=True)
         self.interval = interval  # seconds between faults, drawn uniformly
         self.lab, self.ranks, self.rng = lab, ranks, random.Random(seed)
@@ -400,10 +404,11 @@ def large_reductions_markdown(results_dir: str) -> list:
     with open(path) as f:
         b = json.load(f)
     faults = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in b["faults"].items() if v) or "none"
+    (lo, hi), (fast, slow) = LARGE_ELEMENTS, LARGE_FAULT_INTERVAL_S
     return ["", "## Large reductions under faults", "",
-            "Only allreduces and reduce-scatters of 2-8 Mi int64 elements on the world group, a fault every",
-            "0.5-2 s: many chunks in flight whenever a path is set aside or closed, where a chunk that lands",
-            "twice, or after the next message took its place, would show.", "",
+            f"Only allreduces and reduce-scatters of {lo >> 20}-{hi >> 20} Mi int64 elements on the world group, "
+            f"a fault every", f"{fast}-{slow} s: many chunks in flight whenever a path is set aside or closed, "
+            "where a chunk that lands", "twice, or after the next message took its place, would show.", "",
             "| run | results checked | wrong | errors | hung ranks | faults | seconds |",
             "|---|---|---|---|---|---|---|",
             f"| `{b['command']}` at {b['commit']}, {b['date'][:10]} | {b['ops_checked']} | "
@@ -496,7 +501,7 @@ def main() -> int:
                              world=4)
         for r in range(4):
             ranks.wait_for_line(r, "SOAK-READY", 120)
-        injector = Injector(lab, ranks, args.seed, (0.5, 2) if args.large_reductions else (2, 5))
+        injector = Injector(lab, ranks, args.seed, LARGE_FAULT_INTERVAL_S if args.large_reductions else FAULT_INTERVAL_S)
         injector.kill_after = args.kill_after
         if not args.no_faults:
             injector.start()
