@@ -95,6 +95,9 @@ class Engine {
   // This group sends on paths another group opened (shared paths): its
   // channel on them; 0 where the paths are its own.
   uint32_t channel() const;
+  // The knobs that shape paths (shared_paths.cc): a subgroup sends on its
+  // parent's paths only where it sets none of them otherwise.
+  static const std::vector<std::string>& pathKnobs();
 
   // ---- memory ----
   Region registerMemory(void* addr, size_t length);

@@ -26,11 +26,7 @@ namespace {
 // defaults it takes from the paths' group.
 std::string adoptPathKnobs(const Config& theirs, const Mesh& their_mesh, Config* mine) {
   if (!mine->share_paths) return "MAESTRO_SHARE_PATHS=0";
-  // Hunting too: the paths' owner re-opens a path that a group finds slow.
-  static const std::set<std::string> kPathKnobs = {
-      "transport", "vnics",      "ifname",   "paths",     "window",     "busy_poll",  "tcp_congestion",
-      "tcp_single_copy", "discovery", "probe_ttl", "candidates", "connect_timeout", "hunt", "hunt_ratio",
-      "hunt_after", "hunt_interval"};
+  static const std::set<std::string> kPathKnobs(Engine::pathKnobs().begin(), Engine::pathKnobs().end());
   std::string differ;
   for (const Knob& k : knobs()) {
     if (!kPathKnobs.count(k.name)) continue;
@@ -51,6 +47,15 @@ std::string adoptPathKnobs(const Config& theirs, const Mesh& their_mesh, Config*
 }
 
 }  // namespace
+
+const std::vector<std::string>& Engine::pathKnobs() {
+  // Hunting too: the paths' owner re-opens a path that a group finds slow.
+  static const std::vector<std::string> kNames = {
+      "transport", "vnics",      "ifname",   "paths",     "window",     "busy_poll",  "tcp_congestion",
+      "tcp_single_copy", "discovery", "probe_ttl", "candidates", "connect_timeout", "hunt", "hunt_ratio",
+      "hunt_after", "hunt_interval"};
+  return kNames;
+}
 
 bool EngineCore::shareWith(Parent parent, Deadline setup_deadline) {
   // The default group itself (every rank of it has no parent).

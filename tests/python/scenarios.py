@@ -744,6 +744,34 @@ def scale(rank, world, cases):
     return {"failures": failures, "threads": threads, "thread_names": names, "fds": fds}
 
 
+def threads_on_the_default_group(rank, world, backend):
+    """The threads a rank runs (names included) once its default group is up
+    and has run one allreduce, and again after one send/recv; the set-up's
+    connect pool is waited out (it leaves once the group is up)."""
+    def names():
+        return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+
+    def settled():
+        deadline = time.time() + 10
+        while any(n.startswith("maestro-connect") for n in names()) and time.time() < deadline:
+            time.sleep(0.05)
+        return names()
+
+    _init(backend=backend)
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    assert t[0].item() == world, t[0].item()
+    after_allreduce = settled()
+    if rank == 0:
+        dist.send(torch.ones(10), 1)
+    elif rank == 1:
+        dist.recv(torch.empty(10), 0)
+    dist.barrier()
+    after_p2p = settled()
+    dist.destroy_process_group()
+    return {"allreduce": after_allreduce, "p2p": after_p2p}
+
+
 def monitored_barrier(rank, world):
     """dist.monitored_barrier: passes when everyone comes; ranks 2 and up
     come late twice (once with wait_all_ranks); the group goes on."""

@@ -1,5 +1,6 @@
 """The docs must match the code: README's knob table is the knob table, every
-variable the docs name exists, and every knob default they quote is the code's."""
+variable the docs name exists, every knob default they quote is the code's,
+and so are the sizes, counts, path knobs and threads the README states."""
 import os
 import re
 
@@ -88,3 +89,43 @@ def test_sizes_and_counts_the_readme_quotes_are_the_codes():
               f"and reduce above {direct})", f"a reduce of up to {direct}"]
     missing = [x for x in claims if x not in readme]
     assert not missing, f"README no longer says (or says otherwise than the code): {missing}"
+
+
+def _folded_readme():
+    return " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+
+
+def test_the_path_knobs_the_readme_lists_are_the_codes():
+    listed = re.search(r"The path knobs are ((?:`\w+`, )+`\w+`,? and `\w+`) \(`csrc/multipath/shared_paths\.cc`\)",
+                       _folded_readme())
+    assert listed, "README no longer lists the path knobs a subgroup must share"
+    readme = re.findall(r"`(\w+)`", listed.group(1))
+    code = list(maestro_torch._C._constants()["path_knobs"])
+    assert sorted(readme) == sorted(code), f"README lists {readme}, the code shares on {code}"
+    assert set(code) <= {k["name"] for k in maestro_torch.knobs()}, code
+
+
+def test_the_threads_the_readme_counts_are_the_ones_a_rank_runs():
+    import scenarios
+    from launcher import run_ranks
+
+    readme = _folded_readme()
+    claim = re.search(r"A rank of a 2-rank job on TCP, on the default group alone, runs (\d+) threads with the main "
+                      r"one \((\d+) with gloo", readme)
+    assert claim, "README no longer counts a rank's threads"
+    env = {"MAESTRO_VNICS": "127.0.0.1,127.0.0.2", "MAESTRO_TRANSPORT": "tcp", "OMP_NUM_THREADS": "1"}
+    seen = {}
+    for backend in ("maestro", "gloo"):
+        results = run_ranks(2, scenarios.threads_on_the_default_group, backend, env=env, timeout=120)
+        assert all(status == "ok" for status, _ in results), results
+        seen[backend] = [value for _, value in results]
+    for rank, value in enumerate(seen["maestro"]):
+        assert len(value["allreduce"]) == int(claim.group(1)), (rank, value["allreduce"])
+        # The README names each of them, and the point-to-point one comes with the first message.
+        named = {"maestro-io", "maestro-work", "maestro-monitor", "maestro-reconn"}
+        assert named <= set(value["allreduce"]) and "maestro-p2p" not in value["allreduce"], value
+        assert sorted(value["p2p"]) == sorted(value["allreduce"] + ["maestro-p2p"]), value
+        for name in named | {"maestro-p2p"}:
+            assert f"(`{name}`)" in readme, name
+    for rank, value in enumerate(seen["gloo"]):
+        assert len(value["allreduce"]) == int(claim.group(2)), (rank, value["allreduce"])
