@@ -193,14 +193,17 @@ def exp_p2p_alltoall(ctx):
     exp_collectives: sendrecv (every rank sends to rank+1 and receives from
     rank-1, batch_isend_irecv) and alltoall (all_to_all_single, equal
     splits), maestro's default policy beside the gloo peers and maestro on
-    one path."""
+    one path; alltoall also with two steps in flight (alltoall_window=2)
+    where the default has every step in flight."""
     sizes = "64K,16M" if ctx.quick else "64K,1M,16M,64M"
-    variants = ",".join(GLOO_PEERS + ("adaptive", "single"))
+    variants = GLOO_PEERS + ("adaptive", "single")
+    extra = {"alltoall": ("adaptive@alltoall_window=2",)}
     runs = {}
     with ctx.lab("p2a", mode="pinned") as lab:
         for coll in ("sendrecv", "alltoall"):
             print(f"    pinned {coll}", file=sys.stderr, flush=True)
-            runs[coll] = run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants", variants,
+            runs[coll] = run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants",
+                                         ",".join(variants + extra.get(coll, ())),
                                          "--budget", "0.5" if ctx.quick else "2"], timeout=2400)
     # Physical limits (hosts 0, 1 on leaf 0, hosts 2, 3 on leaf 1; each
     # direction of the core is 4 spine links of CORE Mbit/s; S = size):

@@ -186,11 +186,12 @@ def sec_p2p_alltoall(rec, out):
             g = best_gloo(bw)
             ad, one = bw.get("adaptive"), bw.get("single")
             trs.append([size_label(s)] + [spread_cell(bw[v], iter_busbw(get[(v, s)])) for v in variants]
-                       + [g[0] if g else "-", ad / g[1] if g and ad else "-", ad / one if ad and one else "-"])
+                       + [g[0] if g else "-", ad / g[1] if g and ad else "-", ad / one if ad and one else "-",
+                          ad / limits[coll] if ad else "-"])
         wrong = sorted({f"{r['variant']} at {size_label(r['bytes'])}" for r in run["rows"] if r.get("exact") is False})
         parts.append(f"**{coll}** (physical limit {limits[coll]:.0f} MB/s)\n\n"
                      + table(["size"] + [f"{v} busbw MB/s" for v in variants]
-                             + ["best gloo", "adaptive / best gloo", "adaptive / single"], trs)
+                             + ["best gloo", "adaptive / best gloo", "adaptive / single", "adaptive / limit"], trs)
                      + not_measured(variants)
                      + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else ""))
     return ("Point to point and all-to-all vs gloo",
@@ -203,7 +204,8 @@ def sec_p2p_alltoall(rec, out):
             "core carries `size` bytes whatever the algorithm (2 ranks x 2 remote ranks x size/4), so busbw is at "
             "most 3/4 of the 4 core links. Cells: busbw median (min-max) over the iterations, each timed on the "
             "slowest rank; adaptive = maestro's default policy, single = maestro on one path, gloo-4dev = one "
-            "gloo device per vNIC address. Every result was checked after the warm-up.\n\n"
+            "gloo device per vNIC address, adaptive@alltoall_window=2 = the default policy with two all-to-all "
+            "steps in flight instead of every step. Every result was checked after the warm-up.\n\n"
             + "\n\n".join(parts) + "\n\n" + save(fig, out, "p2p_alltoall"))
 
 

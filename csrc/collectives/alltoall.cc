@@ -6,9 +6,14 @@
 // switch buffers; unlike the Bruck algorithm it moves every byte once, which
 // is what large and uneven (mixture-of-experts) exchanges need. The data goes
 // one-sided, zero copy: each block is written straight from the sender's
-// tensor into the receiver's. Two steps are in flight at a time, so a step's
-// tail overlaps the next step's start (the paths never sit idle between
-// steps) while the receivers still see at most two writers.
+// tensor into the receiver's. Every step is in flight at once (every pair at
+// a time), each path's window bounding the chunks it has out: steps cross the
+// core unevenly (on two leaves of two hosts each, step 2 crosses with both
+// ranks of a leaf where steps 1 and 3 cross with one), and a rank that waits
+// for a step to land before it starts the next leaves the core links idle
+// while the slowest path of a step drains. MAESTRO_ALLTOALL_WINDOW bounds the
+// steps in flight (a step starts when the one that many steps before it has
+// been written), for switches too shallow for n-1 writers per receiver.
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -21,8 +26,6 @@
 namespace maestro {
 namespace collectives {
 namespace {
-
-constexpr int kStepsInFlight = 2;
 
 uint8_t* addressOf(const Window& w) { return static_cast<uint8_t*>(w.region.addr) + w.base; }
 
@@ -60,6 +63,7 @@ void exchange(OpContext& ctx, const ExchangePlan& plan) {
   }
 
   std::vector<std::vector<std::shared_ptr<multipath::SendOp>>> writes(n);  // by step
+  const int in_flight = engine.config().alltoall_window;  // settled: 1..n-1
   int next_step = 1;
   auto stepWritten = [&](int k) {
     for (const auto& w : writes[k])
@@ -91,7 +95,7 @@ void exchange(OpContext& ctx, const ExchangePlan& plan) {
       pending[i] = pending.back();
       pending.pop_back();
     }
-    while (next_step < n && (next_step <= kStepsInFlight || stepWritten(next_step - kStepsInFlight)))
+    while (next_step < n && (next_step <= in_flight || stepWritten(next_step - in_flight)))
       post(next_step++);
     bool sent = next_step == n;
     for (int k = 1; k < next_step; ++k)

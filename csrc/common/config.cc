@@ -236,6 +236,15 @@ std::vector<Knob> schedulingKnobs() {
          setAutoOrNumber(c.scratch_slots, v,
                          [](const std::string& v) { return parseInt("MAESTRO_SCRATCH_SLOTS", v, 2, 256); });
        }},
+      {"alltoall_window", "MAESTRO_ALLTOALL_WINDOW", "auto",
+       "all-to-all steps in flight per rank (peers it writes to at once, each step a permutation); auto: every "
+       "step, each path's window bounding its chunks in flight",
+       false,
+       [](const Config& c) { return autoOrNumber(c.alltoall_window); },
+       [](Config& c, const std::string& v) {
+         setAutoOrNumber(c.alltoall_window, v,
+                         [](const std::string& v) { return parseInt("MAESTRO_ALLTOALL_WINDOW", v, 1, 1 << 20); });
+       }},
       {"reg_cache_size", "MAESTRO_REG_CACHE_SIZE", "256", "memory registrations cached per group",
        false, [](const Config& c) { return std::to_string(c.reg_cache_size); },
        [](Config& c, const std::string& v) {
@@ -464,6 +473,11 @@ size_t minChunkFor(const std::string& transport, size_t chunk_size) {
 int scratchSlots(const Config& config, int group_size) {
   if (config.scratch_slots > 0) return config.scratch_slots;
   return group_size == 2 ? 16 : 4;
+}
+
+int alltoallWindow(const Config& config, int group_size) {
+  const int steps = std::max(1, group_size - 1);
+  return config.alltoall_window > 0 ? std::min(config.alltoall_window, steps) : steps;
 }
 
 size_t regCacheBytes(const Config& config, uint64_t memlock) {

@@ -40,7 +40,7 @@ const char* policyName(Policy policy);
 // control, single copy) in QpManager::plan, from what the ranks measured
 // and agreed on; the rest (chunk sizes, scratch slots, the registration
 // cache's bound, hunting) in EngineCore::settle(), by the rules below
-// (chunkSizeFor, minChunkFor, scratchSlots, regCacheBytes). What the layers
+// (chunkSizeFor, minChunkFor, scratchSlots, alltoallWindow, regCacheBytes). What the layers
 // above read from Engine::config() is settled.
 struct Config {
   LogLevel debug = LogLevel::kWarn;
@@ -55,6 +55,7 @@ struct Config {
   int window = 8;                       // chunks in flight per path (paper: 8 WRs)
   size_t segment_size = 1 << 20;        // pipeline unit of the collectives
   int scratch_slots = 0;                // reduce-scatter receive slots (credits); 0 = auto (scratchSlots)
+  int alltoall_window = 0;              // all-to-all peers written to at once; 0 = auto (alltoallWindow)
   size_t reg_cache_size = 256;          // registrations kept per group
   size_t reg_cache_bytes = 0;           // bytes they may cover when idle; 0 = auto (regCacheBytes)
   size_t small_msg = 16 * 1024;         // latency policy: messages up to this size
@@ -147,6 +148,10 @@ size_t minChunkFor(const std::string& transport, size_t chunk_size);
 // buffers, switch queues), and 4 slots left the lab's 2-rank allreduce at
 // 0.78 of its limit, 16 at 0.90.
 int scratchSlots(const Config& config, int group_size);
+// The all-to-all's steps in flight: the knob, bounded by the group's n-1
+// steps; auto: every step at once (each path's window bounds what it has in
+// flight, to every peer alike).
+int alltoallWindow(const Config& config, int group_size);
 
 // MAESTRO_REG_CACHE_BYTES=auto: how many bytes the registrations a group's
 // cache keeps while no operation uses them may cover. On verbs they are

@@ -202,6 +202,7 @@ void EngineCore::settle() {
   if (config_.chunk_size == 0) config_.chunk_size = chunkSizeFor(mesh_.transport_kind);
   if (config_.min_chunk_size == 0) config_.min_chunk_size = minChunkFor(mesh_.transport_kind, config_.chunk_size);
   config_.scratch_slots = scratchSlots(config_, size_);
+  config_.alltoall_window = alltoallWindow(config_, size_);
   // This rank's own limit: the registrations it may keep are its own.
   rlimit memlock{};
   if (getrlimit(RLIMIT_MEMLOCK, &memlock) != 0) memlock.rlim_cur = RLIM_INFINITY;

@@ -59,6 +59,16 @@ TEST(Config, ScratchSlotsAutoDependsOnTheGroupSize) {
   EXPECT_EQ(6, scratchSlots(Config::resolve({{"scratch_slots", "6"}}), 2));
 }
 
+// auto: every all-to-all step in flight; an explicit value, bounded by the
+// group's n-1 steps.
+TEST(Config, AlltoallWindowAutoIsEveryStep) {
+  EXPECT_EQ(0, Config::resolve().alltoall_window);  // auto
+  EXPECT_EQ(3, alltoallWindow(Config::resolve(), 4)) << "auto: every step of 4 ranks";
+  EXPECT_EQ(1, alltoallWindow(Config::resolve(), 2));
+  EXPECT_EQ(2, alltoallWindow(Config::resolve({{"alltoall_window", "2"}}), 8));
+  EXPECT_EQ(3, alltoallWindow(Config::resolve({{"alltoall_window", "5"}}), 4)) << "bounded by the steps";
+}
+
 // MAESTRO_REG_CACHE_BYTES=auto: half of a finite RLIMIT_MEMLOCK (verbs pins
 // what the cache keeps), unbounded without a limit; an explicit size wins.
 TEST(Config, RegCacheBytesAutoFollowsTheMemlockLimit) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -135,9 +137,8 @@ TEST_P(Exchange, ReduceSendsLessThanAllreduce) {
 
 // Rank p sends split(p, q) elements to rank q: uneven, some empty, read from
 // and written to offsets inside one buffer per rank.
-TEST_P(Exchange, AlltoallWithUnevenSplits) {
-  const int n = GetParam();
-  World w(n);
+void alltoallWithUnevenSplits(int n, std::map<std::string, std::string> opts) {
+  World w(n, opts);
   for (uint64_t scale : {0ull, 1ull, 7ull, 5003ull}) {
     auto split = [&](int p, int q) -> uint64_t { return ((p * 7 + q * 3) % 4) * scale; };
     std::vector<std::vector<int32_t>> in(n), out(n);
@@ -174,6 +175,16 @@ TEST_P(Exchange, AlltoallWithUnevenSplits) {
           ASSERT_EQ(q * 1000000 + r * 10000 + static_cast<int>(i % 9999), out[r][out_off[r][q] + i])
               << "rank " << r << " from " << q << " element " << i << " scale " << scale;
   }
+}
+
+// Every step in flight at once (the default), and one at a time: each step
+// starts only when the one before it has been written.
+TEST_P(Exchange, AlltoallWithUnevenSplits) { alltoallWithUnevenSplits(GetParam(), testing::smallUnits()); }
+
+TEST_P(Exchange, AlltoallWithUnevenSplitsOneStepAtATime) {
+  auto opts = testing::smallUnits();
+  opts["alltoall_window"] = "1";
+  alltoallWithUnevenSplits(GetParam(), opts);
 }
 
 // What each rank runs in a disagreement test: rank 1 differs.
