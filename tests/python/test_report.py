@@ -195,7 +195,8 @@ def test_p2p_alltoall_renders_a_table_per_collective_and_one_plot(tmp_path):
     line = next(l for l in md.splitlines() if l.startswith("| 16 MiB |"))
     assert line.startswith("| 16 MiB | 24.0 (19.2-30.0) | 20.0 (16.0-25.0) | 90.0 (72.0-112.5) | 22.5 (18.0-28.1) |"), \
         line
-    assert line.endswith("| gloo | 3.75 | 4 |"), line  # best gloo, adaptive / best gloo, adaptive / single
+    # best gloo, adaptive / best gloo, adaptive / single, adaptive / limit (90 of 100 MB/s)
+    assert line.endswith("| gloo | 3.75 | 4 | 0.9 |"), line
     assert md.count("| 64 KiB |") == 2 and "Not measured" not in md and "Wrong results" not in md
     assert md.count("results/p2p_alltoall.png") == 1 and (tmp_path / "results" / "p2p_alltoall.png").exists()
 
