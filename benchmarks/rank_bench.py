@@ -42,6 +42,7 @@ def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
+SETTLED = 0.05  # timed(): a spread (slowest - fastest) within 5 % of the median is settled
 GROUP_TIMEOUT = datetime.timedelta(seconds=300)  # set from --timeout
 
 
@@ -77,14 +78,24 @@ def maestro_extra(args) -> dict:
     return out
 
 
-def timed(fn, group, iters: int) -> list[float]:
-    """Run fn() iters times; the slowest rank's time of each."""
+def timed(fn, group, iters: int, settle: int | None = None, tol: float = SETTLED) -> list[float]:
+    """Run fn() iters times; the slowest rank's time of each. With settle,
+    stop early once settle iterations have run and the slowest and fastest
+    so far are within tol of their median: fewer repetitions where the
+    spread is already small (every rank takes the same decision, from the
+    slowest rank's times)."""
     times = []
-    for _ in range(iters):
+    for i in range(iters):
         dist.barrier(group=group)
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        if settle is not None and settle <= i + 1 < iters:
+            worst = torch.tensor(times, dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # over the world group (bookkeeping)
+            w = worst.tolist()
+            if (max(w) - min(w)) <= tol * statistics.median(w):
+                return w
     worst = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # over the world group (bookkeeping)
     return worst.tolist()
@@ -99,15 +110,22 @@ def cpu_s_per_GB(cpu0: float, nbytes: int) -> list[float]:
     return [c / (nbytes / 1e9) for c in cpus]
 
 
-def iterations_for(size: int, budget_s: float, est_Bps: float, hi: int = 20) -> int:
-    # At least 3: the median of two samples is their mean, and one slow
-    # iteration (a TCP loss recovery, a busy core) moved a 64 MiB figure by
-    # 5 %. At least 5 up to 64 MiB (the size the headline figures are stated at):
-    # in pinned runs some 64 MiB iterations take 1.2 s instead of 1.08 s, and
-    # the median of 3 gave 0.85 to 0.93 of the limit across four runs.
-    # Above that, 3 (one iteration of gloo at 256 MiB takes 17 s).
-    lo = 5 if size <= 64 << 20 else 3
-    return max(lo, min(hi, int(budget_s / max(size / est_Bps, 1e-4))))
+def iterations_for(size: int, budget_s: float, est_Bps: float, hi: int = 20) -> tuple[int, int]:
+    """(most, settle) for timed(): how many iterations a sweep cell may run,
+    and after how many it stops if their spread is within SETTLED."""
+    # At least 3 where the spread is small: the median of two samples is
+    # their mean. Up to 5 up to 64 MiB (the size the headline figures are
+    # stated at): in pinned runs some 64 MiB iterations take 1.2 s instead of
+    # 1.08 s, one slow iteration (a TCP loss recovery, a busy core) moved a
+    # figure by 5 %, and the median of 3 gave 0.85 to 0.93 of the limit
+    # across four runs; such a cell's spread is above SETTLED, so it runs 5.
+    # Above 64 MiB up to 3, and 2 where they agree (one iteration of gloo at
+    # 256 MiB takes 17 s, and there its spread is a few per cent).
+    # Cells cheaper than that run their budget out (settle None): it is the
+    # large cells, at the floor, that take a sweep's time.
+    lo, settle = (5, 3) if size <= 64 << 20 else (3, 2)
+    most = max(lo, min(hi, int(budget_s / max(size / est_Bps, 1e-4))))
+    return most, settle if most == lo else None
 
 
 def emit(result: dict) -> None:
@@ -194,7 +212,8 @@ def cmd_sweep(args):
             ok = torch.tensor([float(exact())])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
             cpu0 = time.process_time()
-            times = timed(fn, g, iterations_for(size, args.budget, 50e6))
+            most, settle = iterations_for(size, args.budget, 50e6)
+            times = timed(fn, g, most, settle)
             cpu = cpu_s_per_GB(cpu0, size * len(times))
             med = statistics.median(times)
             rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,

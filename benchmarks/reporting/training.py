@@ -43,8 +43,8 @@ def sec_models(rec, out):
             if measured:
                 r0 = run["rows"][0]
                 how = (f"4 ranks sharing 2 cores, batch {r0['batch']} per rank ({r0['input']}): `{run['command']}`; "
-                       "gloo with `--backend gloo`, gloo-4dev with `--backend gloo --gloo-devices vnics`, single "
-                       "with `--policy single`; "
+                       "gloo with `--backend gloo`, gloo-4dev with `--backend gloo --gloo-devices vnics`"
+                       + (", single with `--policy single`" if "single" in rows else "") + "; "
                        "exposed comm = backward's wait for the gradient sync after its last gradient, measured in "
                        "the step; compute = forward and backward under no_sync")
             else:

@@ -32,5 +32,53 @@ def test_sweep_on_loopback_is_exact_for_every_variant(collective):
     factor = {"allreduce": 1.0, "allgather": 0.5, "sendrecv": 1.0, "alltoall": 0.5}[collective]  # 2 ranks
     for r in res["rows"]:
         assert r["exact"], r
-        assert r["busbw_GBps"] > 0 and r["iters"] == len(r["times"]) >= 5, r
+        assert r["busbw_GBps"] > 0 and r["iters"] == len(r["times"]) >= 3, r  # 1M: 3 where they agree
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor), r
+
+
+class _Clock:
+    """time.perf_counter for rank_bench: each fn() of timed() advances it by
+    the next of the durations given."""
+
+    def __init__(self, durations):
+        self.now, self.durations = 0.0, list(durations)
+
+    def perf_counter(self):
+        return self.now
+
+    def step(self):
+        self.now += self.durations.pop(0)
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("durations, settle, ran", [
+    ([1.0, 1.01, 1.02, 5.0, 5.0], 3, 3),       # the first three agree: stop there
+    ([1.0, 2.0, 1.0, 2.0, 1.0], 3, 5),         # never settles: every iteration runs
+    ([1.3, 1.0, 1.0, 1.0, 1.0], 3, 5),         # an outlier is not dropped: it keeps the spread open
+    ([1.0, 1.2, 1.0, 1.01, 1.0, 1.0], 3, 6),  # settled only without the second: runs out
+    ([17.0, 17.3, 20.0], 2, 2),                # the 256 MiB floor: two that agree
+    ([1.0, 1.0, 1.0, 1.0, 1.0], None, 5),      # no settle: the whole budget
+])
+def test_timed_stops_early_only_where_the_spread_is_settled(monkeypatch, one_rank_group, durations, settle, ran):
+    clock = _Clock(durations)
+    monkeypatch.setattr(rank_bench, "time", clock)
+    times = rank_bench.timed(clock.step, None, len(durations), settle)
+    assert times == pytest.approx(durations[:ran])
+
+
+def test_sweep_cells_settle_only_at_their_floor():
+    # (most, settle) for a sweep's budget of 2 s at the 50 MB/s estimate
+    assert rank_bench.iterations_for(4 << 10, 2.0, 50e6) == (20, None)      # cheap: the budget runs out
+    assert rank_bench.iterations_for(1 << 20, 2.0, 50e6) == (20, None)
+    assert rank_bench.iterations_for(64 << 20, 2.0, 50e6) == (5, 3)
+    assert rank_bench.iterations_for(256 << 20, 2.0, 50e6) == (3, 2)
