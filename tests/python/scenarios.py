@@ -156,19 +156,34 @@ def frozen_peer(rank, world, thaw_after=None):
     dist.all_reduce(pids)
     t = torch.empty(16 * 1024 * 1024)  # 64 MiB a round, rounds back to back
     wrong = []
+    stopped = []  # rank 0's: when it froze rank 1, and when it thawed it
+    thawed = []
 
     def rounds():
-        for i in range(40 if thaw_after else 2000):  # thawed: about 2-8 s on loopback, the freeze among them
+        # Left frozen: rounds until the error. Thawed: rounds until three
+        # have ended after the thaw, rank 0 deciding (it sends the freeze
+        # and the thaw) and telling rank 1 with each round's result, so the
+        # count follows the host's speed: a fixed 40 rounds of 64 MiB took
+        # 2-8 s on an idle host and over 120 s under the sanitizers beside
+        # the other suites.
+        after_thaw = 0
+        for i in range(2000):
             t.fill_(rank + i)
             dist.all_reduce(t)
-            if thaw_after and not bool((t == 2 * i + 1).all()):
+            if not thaw_after:
+                continue
+            if not bool((t == 2 * i + 1).all()):
                 wrong.append(i)
+            if rank == 0 and thawed:
+                after_thaw += 1
+            go = torch.tensor([1 if rank == 0 and after_thaw < 3 else 0], dtype=torch.int32)
+            dist.all_reduce(go, op=dist.ReduceOp.MAX)
+            if not int(go[0]):
+                return
 
     if rank == 1:
         err = _error_of(rounds)
         return {"error": err, "wrong": wrong}
-    stopped = []
-    thawed = []
 
     def freeze():
         os.kill(int(pids[0]), signal.SIGSTOP)
