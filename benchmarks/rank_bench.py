@@ -128,6 +128,17 @@ def iterations_for(size: int, budget_s: float, est_Bps: float, hi: int = 20) -> 
     return most, settle if most == lo else None
 
 
+def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10) -> int:
+    """Calls of a sweep cell before it is timed: as many as fit in `seconds`
+    at est_Bps, 1 to `most` (the same count on every rank). One call of a
+    small message leaves the TCP congestion windows where a fresh or idle
+    connection has them (the first cell of a sweep runs on connections just
+    opened, some lazily by that call): on the pinned lab, the first of six
+    interleaved 64 KiB trials had medians 1.5-2x the other five's, for
+    maestro (4 paths per peer, 12 connections) and gloo alike."""
+    return max(1, min(most, int(seconds / max(size / est_Bps, 1e-4))))
+
+
 def emit(result: dict) -> None:
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
@@ -211,6 +222,8 @@ def cmd_sweep(args):
             fn()  # warm-up: registration, connections ramp-up
             ok = torch.tensor([float(exact())])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
+            for _ in range(warmups_for(size, 50e6) - 1):
+                fn()
             cpu0 = time.process_time()
             most, settle = iterations_for(size, args.budget, 50e6)
             times = timed(fn, g, most, settle)

@@ -82,3 +82,12 @@ def test_sweep_cells_settle_only_at_their_floor():
     assert rank_bench.iterations_for(1 << 20, 2.0, 50e6) == (20, None)
     assert rank_bench.iterations_for(64 << 20, 2.0, 50e6) == (5, 3)
     assert rank_bench.iterations_for(256 << 20, 2.0, 50e6) == (3, 2)
+
+
+def test_small_cells_warm_up_for_a_fifth_of_a_second_and_large_ones_once():
+    # at the 50 MB/s estimate: 64 KiB takes 1.3 ms, 4 MiB 84 ms, 16 MiB 0.34 s
+    assert rank_bench.warmups_for(4 << 10, 50e6) == 10
+    assert rank_bench.warmups_for(64 << 10, 50e6) == 10
+    assert rank_bench.warmups_for(4 << 20, 50e6) == 2
+    assert rank_bench.warmups_for(16 << 20, 50e6) == 1
+    assert rank_bench.warmups_for(256 << 20, 50e6) == 1
