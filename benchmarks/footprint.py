@@ -140,8 +140,14 @@ def rank_cpu(size: int, rounds: int, iters: int) -> None:
 # ---------------------------------------------------------------- driver
 
 def launch(world: int, argv: list[str], env: dict | None = None, timeout: float = 600) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           os.path.abspath(__file__), "rank", *argv]
+    """`footprint.py rank ARGV` on `world` ranks of this host: rank 0's RESULT."""
+    return launch_script(world, [os.path.abspath(__file__), "rank", *argv], env, timeout)
+
+
+def launch_script(world: int, script_argv: list[str], env: dict | None = None, timeout: float = 600) -> dict:
+    """A rank script (its path, then its arguments) under torch.distributed.run
+    on `world` ranks of this host, over loopback: rank 0's RESULT."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *script_argv]
     e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
     for line in p.stdout.splitlines():

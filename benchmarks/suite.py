@@ -417,20 +417,38 @@ def exp_failover(ctx):
             "background": {"udp_mbit": {str(s): m for s, m in BACKGROUND_ALL}, "tcp_spines": [1, 3], **loaded}}
 
 
+QUIET_LATENCY_VARIANTS = "adaptive,latency,gloo"
+
+
 def exp_latency(ctx):
+    """Barrier and 64-byte allreduce times per variant under saturating
+    background on three of the four spines; and, beside gloo, without any:
+    on the same lab before the background starts, and on 4 ranks of this
+    host over loopback, in interleaved trials."""
+    import footprint
+    iters = "20" if ctx.quick else "100"
+    trials = 1 if ctx.quick else 3
+    quiet = {"lab": [], "loopback": []}
     with ctx.lab("lat", mode="pinned") as lab:
+        for _ in range(trials):
+            quiet["lab"].append(run_ranks(lab, ["barrier", "--iters", iters, "--settle", "1",
+                                                "--variants", QUIET_LATENCY_VARIANTS])["rows"])
+            quiet["loopback"].append(footprint.launch_script(
+                4, [os.path.join(ROOT, RANK), "barrier", "--iters", iters, "--settle", "1",
+                    "--variants", QUIET_LATENCY_VARIANTS])["rows"])
         # Saturating TCP flows fill the queues of spines 0-2 in both
         # directions: those paths see the shapers' queueing delay, spine 3 not.
         bgs = [lab.background(spine=s, mbit=None, src=a, dst=b) for s in (0, 1, 2) for a, b in ((1, 3), (3, 1))]
         try:
             time.sleep(2)
-            res = run_ranks(lab, ["barrier", "--iters", "20" if ctx.quick else "100",
+            res = run_ranks(lab, ["barrier", "--iters", iters,
                                   "--variants", "latency,adaptive,gloo" if ctx.quick
                                   else "latency,adaptive,round_robin,single,gloo,gloo-4dev"])
         finally:
             for b in bgs:
                 b.stop()
-    return {"lab": "4 hosts, pinned; saturating TCP background on spines 0-2 (both directions)", **res}
+    return {"lab": "4 hosts, pinned; saturating TCP background on spines 0-2 (both directions)", **res,
+            "quiet": quiet}
 
 
 def exp_overheads(ctx):

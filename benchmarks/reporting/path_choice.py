@@ -6,7 +6,7 @@ import statistics
 
 from variants import is_gloo
 
-from .common import plt, save, table
+from .common import plt, save, spread_cell, table
 
 
 def sec_latency(rec, out):
@@ -25,7 +25,41 @@ def sec_latency(rec, out):
             f"(barrier tokens, a 64-byte allreduce) take the lowest-RTT path under the latency policy. {note}\n\n"
             + table(["variant", "barrier ms", "64-byte allreduce ms", "probe RTT per path (ms)"],
                     [[r["variant"], r["barrier_s"] * 1e3, r["tiny_allreduce_s"] * 1e3, r.get("rtt_ms", "")] for r in rows])
-            + "\n\n" + save(fig, out, "latency"))
+            + "\n\n" + save(fig, out, "latency") + quiet_latency(rec["data"].get("quiet")))
+
+
+def quiet_latency(quiet) -> str:
+    """The same times without background, beside gloo: on the lab and on
+    loopback, median (min-max) over the interleaved trials."""
+    if not quiet:
+        return ""
+    body, lines = [], []
+    for where, label, said in (("lab", "lab", "on the lab"), ("loopback", "loopback (4 ranks on this host)", "on loopback")):
+        trials = quiet.get(where) or []
+        if not trials:
+            continue
+        per = {}
+        for rows in trials:
+            for r in rows:
+                per.setdefault(r["variant"], {"barrier": [], "tiny": []})
+                per[r["variant"]]["barrier"].append(r["barrier_s"] * 1e3)
+                per[r["variant"]]["tiny"].append(r["tiny_allreduce_s"] * 1e3)
+        med = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in per.items()}
+        gloo = med.get("gloo")
+        for v, d in per.items():
+            ratio = (lambda k: f"{gloo[k] / med[v][k]:.2f}") if gloo and not is_gloo(v) else (lambda k: "")
+            body.append([label, v, spread_cell(med[v]["barrier"], d["barrier"], "{:.3f}"),
+                         spread_cell(med[v]["tiny"], d["tiny"], "{:.3f}"), ratio("barrier"), ratio("tiny")])
+        if gloo and "adaptive" in med:
+            lines.append(f"{said} the default policy's barrier takes {med['adaptive']['barrier']:.3f} ms "
+                         f"against gloo's {gloo['barrier']:.3f}, its 64-byte allreduce {med['adaptive']['tiny']:.3f} "
+                         f"against {gloo['tiny']:.3f}")
+    n = max(len(quiet.get("lab") or []), len(quiet.get("loopback") or []))
+    return ("\n\nWithout background traffic, beside gloo (before the background starts, on the same lab; and on 4 "
+            f"ranks of this host over loopback): median (min-max) over {n} interleaved trials, each the median of "
+            "its iterations. " + ("; ".join(lines)[:1].upper() + "; ".join(lines)[1:] + "." if lines else "") + "\n\n"
+            + table(["where", "variant", "barrier ms", "64-byte allreduce ms", "barrier: gloo / this",
+                     "allreduce: gloo / this"], body))
 
 
 def sec_discovery(rec, out):

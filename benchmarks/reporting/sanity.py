@@ -97,6 +97,11 @@ def _failover(name, d, positive, bad):
 def _latency(name, d, positive, bad):
     for r in d["rows"]:
         positive(name, f"{r['variant']} barrier", r["barrier_s"])
+    for where, trials in (d.get("quiet") or {}).items():
+        for rows in trials:
+            for r in rows:
+                positive(name, f"{where} {r['variant']} barrier", r["barrier_s"])
+                positive(name, f"{where} {r['variant']} 64-byte allreduce", r["tiny_allreduce_s"])
 
 
 def _overheads(name, d, positive, bad):
