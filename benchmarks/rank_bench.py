@@ -124,8 +124,14 @@ def iterations_for(size: int, budget_s: float, est_Bps: float, hi: int = 20) -> 
     # Cells cheaper than that run their budget out (settle None): it is the
     # large cells, at the floor, that take a sweep's time.
     lo, settle = (5, 3) if size <= 64 << 20 else (3, 2)
-    most = max(lo, min(hi, int(budget_s / max(size / est_Bps, 1e-4))))
+    most = max(lo, min(hi, calls_within(budget_s, size, est_Bps)))
     return most, settle if most == lo else None
+
+
+def calls_within(seconds: float, size: int, est_Bps: float) -> int:
+    """Calls of `size` bytes at est_Bps that fit in `seconds` (a call counts
+    at least 0.1 ms)."""
+    return int(seconds / max(size / est_Bps, 1e-4))
 
 
 def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10) -> int:
@@ -136,7 +142,7 @@ def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10)
     opened, some lazily by that call): on the pinned lab, the first of six
     interleaved 64 KiB trials had medians 1.5-2x the other five's, for
     maestro (4 paths per peer, 12 connections) and gloo alike."""
-    return max(1, min(most, int(seconds / max(size / est_Bps, 1e-4))))
+    return max(1, min(most, calls_within(seconds, size, est_Bps)))
 
 
 def emit(result: dict) -> None:
@@ -147,6 +153,7 @@ def emit(result: dict) -> None:
 # ---------------------------------------------------------------- sweep
 
 SWEEP_COLLECTIVES = ("allreduce", "allgather", "sendrecv", "alltoall")
+SWEEP_EST_BPS = 50e6  # the rate a sweep plans its warm-up and iterations with (bytes/s)
 
 
 def sweep_op(collective: str, size: int, g):
@@ -222,10 +229,10 @@ def cmd_sweep(args):
             fn()  # warm-up: registration, connections ramp-up
             ok = torch.tensor([float(exact())])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
-            for _ in range(warmups_for(size, 50e6) - 1):
+            for _ in range(warmups_for(size, SWEEP_EST_BPS) - 1):
                 fn()
             cpu0 = time.process_time()
-            most, settle = iterations_for(size, args.budget, 50e6)
+            most, settle = iterations_for(size, args.budget, SWEEP_EST_BPS)
             times = timed(fn, g, most, settle)
             cpu = cpu_s_per_GB(cpu0, size * len(times))
             med = statistics.median(times)

@@ -47,17 +47,18 @@ def quiet_latency(quiet) -> str:
         med = {v: {k: statistics.median(x) for k, x in d.items()} for v, d in per.items()}
         gloo = med.get("gloo")
         for v, d in per.items():
-            ratio = (lambda k: f"{gloo[k] / med[v][k]:.2f}") if gloo and not is_gloo(v) else (lambda k: "")
+            ratios = [f"{gloo[k] / med[v][k]:.2f}" if gloo and not is_gloo(v) else "" for k in ("barrier", "tiny")]
             body.append([label, v, spread_cell(med[v]["barrier"], d["barrier"], "{:.3f}"),
-                         spread_cell(med[v]["tiny"], d["tiny"], "{:.3f}"), ratio("barrier"), ratio("tiny")])
+                         spread_cell(med[v]["tiny"], d["tiny"], "{:.3f}"), *ratios])
         if gloo and "adaptive" in med:
             lines.append(f"{said} the default policy's barrier takes {med['adaptive']['barrier']:.3f} ms "
                          f"against gloo's {gloo['barrier']:.3f}, its 64-byte allreduce {med['adaptive']['tiny']:.3f} "
                          f"against {gloo['tiny']:.3f}")
     n = max(len(quiet.get("lab") or []), len(quiet.get("loopback") or []))
+    said = "; ".join(lines)
     return ("\n\nWithout background traffic, beside gloo (before the background starts, on the same lab; and on 4 "
             f"ranks of this host over loopback): median (min-max) over {n} interleaved trials, each the median of "
-            "its iterations. " + ("; ".join(lines)[:1].upper() + "; ".join(lines)[1:] + "." if lines else "") + "\n\n"
+            "its iterations. " + (said[:1].upper() + said[1:] + "." if said else "") + "\n\n"
             + table(["where", "variant", "barrier ms", "64-byte allreduce ms", "barrier: gloo / this",
                      "allreduce: gloo / this"], body))
 
