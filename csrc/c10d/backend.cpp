@@ -11,6 +11,7 @@
 
 #include "c10d/store_rendezvous.hpp"
 #include "c10d/tensor_args.hpp"
+#include "collectives/tuner.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/thread.h"
@@ -69,9 +70,15 @@ ProcessGroupMaestro::ProcessGroupMaestro(const c10::intrusive_ptr<::c10d::Store>
   staging_pool_ = std::make_shared<StagingPool>(
       [memory](void* addr, size_t length) { return memory->registerMemory(addr, length); },
       [memory](const Region& r) { memory->deregisterMemory(r); });
+  MAESTRO_INFO(collectives::describeTuner(*engine_));
   worker_ = std::thread([this] { workerLoop(); });
   std::lock_guard<std::mutex> lock(live_groups_mu);
   live_groups.push_back(this);
+}
+
+std::string ProcessGroupMaestro::describe() const {
+  auto engine = live("describe");
+  return engine->describeSetup() + "\n" + collectives::describeTuner(*engine);
 }
 
 ProcessGroupMaestro::~ProcessGroupMaestro() {

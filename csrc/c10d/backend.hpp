@@ -181,7 +181,8 @@ class ProcessGroupMaestro : public ::c10d::Backend {
   // Introspection for maestro_torch.path_stats() and the INFO log.
   // After shutdown() they raise "the process group was shut down".
   std::vector<multipath::PathStats> pathStats() const { return live("path_stats")->pathStats(); }
-  std::string describe() const { return live("describe")->describeSetup(); }
+  // The set-up, the knobs, the paths, then the tuner's choices for this group.
+  std::string describe() const;
   std::string transportName() const { return live("transport")->transportName(); }
   int paths() const { return live("paths")->paths(); }
   // The group's channel on the paths it shares with its parent group; 0

@@ -8,7 +8,7 @@
 #include <torch/version.h>
 
 #include "c10d/backend.hpp"
-#include "collectives/exchange.h"
+#include "collectives/tuner.h"
 #include "common/config.h"
 #include "common/net.h"
 #include "multipath/decomposer.h"
@@ -121,11 +121,14 @@ PYBIND11_MODULE(_C, m) {
         return py::dict("tcp_chunk_bytes"_a = tcp_chunk, "verbs_chunk_bytes"_a = maestro::chunkSizeFor("verbs"),
                         "tcp_min_chunk_bytes"_a = maestro::minChunkFor("tcp", tcp_chunk),
                         "direct_reduce_bytes"_a = maestro::collectives::kDirectReduceBytes,
+                        "recursive_doubling_bytes_across_hosts"_a =
+                            maestro::collectives::kRecursiveDoublingAcrossHosts,
+                        "recursive_doubling_bytes_one_host"_a = maestro::collectives::kRecursiveDoublingOneHost,
                         "groups_sharing_paths"_a = maestro::multipath::kMaxChannels - 1,
                         "path_knobs"_a = maestro::multipath::Engine::pathKnobs());
       },
       "Sizes and counts the docs quote: the automatic chunk sizes, the smallest chunk of a mid-size TCP "
-      "message, the largest reduce sent straight to its root, how many groups share the default group's paths, "
+      "message, the largest reduce sent straight to its root, the largest allreduce by recursive doubling, how many groups share the default group's paths, "
       "the knobs that must match for a subgroup to share them.");
   // For `python -m maestro_torch.doctor`: the checks maestro itself makes,
   // not a second copy of them.

@@ -32,8 +32,8 @@ void exchange(OpContext& ctx, const ExchangePlan& plan);
 // Reduce of a small tensor: every rank writes it straight into a slot of the
 // root's scratch buffer (a gather), and the root reduces the slots into its
 // tensor in rank order. One step instead of the ring's 2(n-1); the root takes
-// in n-1 tensors, which is cheap only while they are small.
-constexpr uint64_t kDirectReduceBytes = 64 << 10;
+// in n-1 tensors, which is cheap only while they are small (the tuner
+// chooses it, tuner.h).
 void reduceDirect(OpContext& ctx, const Window& tensor, uint64_t count, DType dtype, ReduceOp op, int root);
 
 }  // namespace collectives

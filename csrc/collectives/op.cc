@@ -48,12 +48,23 @@ const char* opKindName(OpKind kind) {
   return "?";
 }
 
-bool OpDesc::operator==(const OpDesc& o) const {
-  return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && root == o.root && count == o.count;
+const char* algorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kRecursiveDoubling: return "recursive_doubling";
+    case Algorithm::kDirect: return "direct";
+  }
+  return "?";
 }
 
-OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op, int root) {
+bool OpDesc::operator==(const OpDesc& o) const {
+  return kind == o.kind && dtype == o.dtype && reduce_op == o.reduce_op && algorithm == o.algorithm &&
+         root == o.root && count == o.count;
+}
+
+OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op, int root, Algorithm algorithm) {
   OpDesc d;
+  d.algorithm = static_cast<uint8_t>(algorithm);
   d.kind = static_cast<uint8_t>(kind);
   d.dtype = static_cast<uint8_t>(dtype);
   d.reduce_op = static_cast<uint8_t>(op);
@@ -72,6 +83,7 @@ std::string describe(const OpDesc& d) {
     s += strcat(" (", reduceOpName(static_cast<ReduceOp>(d.reduce_op)), ")");
   if (kind == OpKind::kBroadcast || kind == OpKind::kScatter) s += strcat(" from root ", d.root);
   if (kind == OpKind::kReduce || kind == OpKind::kGather) s += strcat(" to root ", d.root);
+  if (d.algorithm) s += strcat(" by ", algorithmName(static_cast<Algorithm>(d.algorithm)));
   return s;
 }
 
@@ -260,12 +272,18 @@ void OpContext::checkDesc(const std::vector<uint8_t>& theirs, int peer) {
 }
 
 std::vector<RemoteWindow> OpContext::handshakeAll(const std::vector<PeerTerms>& terms) {
+  // Pairwise order (rank r+1 first): every rank starts with a different peer.
+  std::vector<int> peers;
+  for (int k = 1; k < size(); ++k) peers.push_back((rank() + k) % size());
+  return handshakeWith(peers, terms);
+}
+
+std::vector<RemoteWindow> OpContext::handshakeWith(const std::vector<int>& peers, const std::vector<PeerTerms>& terms) {
   const int n = size(), me = rank();
   MAESTRO_CHECK(static_cast<int>(terms.size()) == n, name(), ": terms for ", terms.size(), " ranks, not ", n);
   const size_t elem = desc_.dtype ? dtypeSize(static_cast<DType>(desc_.dtype)) : 1;
-  // Pairwise order (rank r+1 first): every rank starts with a different peer.
-  for (int k = 1; k < n; ++k) {
-    const int p = (me + k) % n;
+  for (int p : peers) {
+    MAESTRO_CHECK(p >= 0 && p < n && p != me, name(), ": no handshake with rank ", p);
     const PeerTerms& t = terms[p];
     const Region& r = t.window.region;
     WireTerms w{t.sends, t.receives,
@@ -280,9 +298,9 @@ std::vector<RemoteWindow> OpContext::handshakeAll(const std::vector<PeerTerms>& 
     }
   }
   std::vector<RemoteWindow> out(n);
-  std::vector<char> heard(n, 0);
-  heard[me] = 1;
-  int missing = n - 1;
+  std::vector<char> heard(n, 1);
+  for (int p : peers) heard[p] = 0;
+  int missing = static_cast<int>(peers.size());
   auto take = [&]() -> bool {
     for (int p = 0; p < n && missing > 0; ++p) {
       std::vector<uint8_t> theirs;
@@ -308,9 +326,10 @@ std::vector<RemoteWindow> OpContext::handshakeAll(const std::vector<PeerTerms>& 
   };
   run(take, [&] {
         std::string who;
+        int count = 0;
         for (int p = 0; p < n; ++p)
-          if (!heard[p]) who += strcat(who.empty() ? "" : ", ", p);
-        return strcat("rank(s) ", who, " to start the same collective");
+          if (!heard[p]) who += strcat(count++ ? ", " : "", p);
+        return strcat(count == 1 ? "rank " : "ranks ", who, " to start the same collective");
       },
       [&] {
         std::vector<int> peers;

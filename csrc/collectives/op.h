@@ -35,13 +35,16 @@ enum class OpKind : uint8_t {
   kAllreduce = 1, kReduceScatter, kAllgather, kBroadcast, kBarrier, kReduce, kGather, kScatter, kAlltoall
 };
 const char* opKindName(OpKind kind);
+// How an operation runs, where it has a choice (collectives/tuner.h).
+enum class Algorithm : uint8_t { kRing = 1, kRecursiveDoubling = 2, kDirect = 3 };
+const char* algorithmName(Algorithm algorithm);
 
 // What every rank must agree on. Sent to the left neighbour in the DESC.
 struct OpDesc {
   uint8_t kind = 0;
   uint8_t dtype = 0;
   uint8_t reduce_op = 0;
-  uint8_t reserved = 0;
+  uint8_t algorithm = 0;  // the tuner's choice (tuner.h), where the operation has one; else 0
   int32_t root = -1;
   // elements: allreduce/broadcast/reduce the tensor, reduce_scatter the
   // output, allgather/gather/scatter one rank's block; all-to-all: 0 (the
@@ -51,7 +54,8 @@ struct OpDesc {
 };
 std::string describe(const OpDesc& desc);
 // A descriptor; op and root where the collective has them.
-OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op = ReduceOp{}, int root = -1);
+OpDesc opDesc(OpKind kind, DType dtype, uint64_t count, ReduceOp op = ReduceOp{}, int root = -1,
+              Algorithm algorithm = Algorithm{});
 
 // A registered buffer as one operation sees it: the tensor starts `base`
 // bytes into the registration (registrations cover whole storages).
@@ -113,6 +117,10 @@ class OpContext {
   // agree on the bytes between them. Returns each peer's window for this
   // rank (empty where the peer takes nothing from it).
   std::vector<RemoteWindow> handshakeAll(const std::vector<PeerTerms>& terms);
+  // The same with the listed peers only (an algorithm whose ranks each talk
+  // to a few partners); the other entries of terms and of the result are
+  // unused.
+  std::vector<RemoteWindow> handshakeWith(const std::vector<int>& peers, const std::vector<PeerTerms>& terms);
   // Abort unless `peer` is reachable (for peers other than the neighbours).
   void checkPeer(int peer);
 

@@ -39,9 +39,10 @@
 // receives at most (n-1)/n of the tensor in each phase, all of it pipelined
 // chunk by chunk, so a large reduce costs about what the reduce-scatter
 // costs plus the root's intake -- against n-1 whole tensors into the root
-// for a direct or tree reduce. Small tensors (up to kDirectReduceBytes),
-// where the 2(n-1) sequential steps and not the bytes are the cost, go
-// direct instead (reduceDirect: one step, exchange.h).
+// for a direct or tree reduce. Small tensors, where the 2(n-1) sequential
+// steps and not the bytes are the cost, go direct instead (reduceDirect:
+// one step, exchange.h), and a small allreduce by recursive doubling
+// (recursive_doubling.h): the tuner chooses (tuner.h).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -50,7 +51,9 @@
 #include "collectives/collectives.h"
 #include "collectives/exchange.h"
 #include "collectives/plan.h"
+#include "collectives/recursive_doubling.h"
 #include "collectives/staged_buffer.h"
+#include "collectives/tuner.h"
 #include "common/config.h"
 #include "common/error.h"
 
@@ -490,8 +493,13 @@ RingPlan allreducePlan(const Window& work, uint64_t count, DType dtype, ReduceOp
 
 void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype,
                ReduceOp op, Deadline deadline, StagedBuffer* staged) {
-  OpContext ctx(engine, seq, opDesc(OpKind::kAllreduce, dtype, count, op), deadline);
+  const Algorithm algorithm = choose(engine, OpKind::kAllreduce, count * dtypeSize(dtype)).algorithm;
+  OpContext ctx(engine, seq, opDesc(OpKind::kAllreduce, dtype, count, op, -1, algorithm), deadline);
   if (engine.size() == 1) return;
+  if (algorithm == Algorithm::kRecursiveDoubling) {
+    allreduceRecursiveDoubling(ctx, tensor, count, dtype, op, staged);
+    return;
+  }
   RingPlan plan = allreducePlan(tensor, count, dtype, op, engine.size());
   plan.staged = staged;
   runRing(ctx, plan);
@@ -499,12 +507,13 @@ void allreduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, ui
 
 void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint64_t count, DType dtype, ReduceOp op,
             int root, Deadline deadline) {
-  OpContext ctx(engine, seq, opDesc(OpKind::kReduce, dtype, count, op, root), deadline);
+  const uint64_t bytes = count * dtypeSize(dtype);
+  const Algorithm algorithm = choose(engine, OpKind::kReduce, bytes).algorithm;
+  OpContext ctx(engine, seq, opDesc(OpKind::kReduce, dtype, count, op, root, algorithm), deadline);
   const int n = engine.size();
   if (root < 0 || root >= n) ctx.abort(strcat("root ", root, " is not a rank of this group of ", n));
   if (n == 1) return;
-  const uint64_t bytes = count * dtypeSize(dtype);
-  if (bytes <= kDirectReduceBytes) {
+  if (algorithm == Algorithm::kDirect) {
     reduceDirect(ctx, tensor, count, dtype, op, root);
     return;
   }

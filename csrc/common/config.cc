@@ -86,6 +86,55 @@ const char* policyDoc() {
   return doc.c_str();
 }
 
+// MAESTRO_ALGO's text: the algorithms' names by operation, from kAlgorithms.
+const char* algoDoc() {
+  static const std::string doc = [] {
+    std::string d = "the collectives' algorithms; auto: the tuner chooses per operation, size, group size and "
+                    "transport (MAESTRO_DEBUG=INFO and describe() print its table); a name forces it on every "
+                    "operation that has it, op:name on one (comma-separated). ";
+    std::string op;
+    for (const auto& a : kAlgorithms) {
+      d += op == a.op ? strcat(", ", a.name) : strcat(op.empty() ? "" : "; ", a.op, ": ", a.name);
+      op = a.op;
+    }
+    return d;
+  }();
+  return doc.c_str();
+}
+
+// MAESTRO_ALGO: "auto", or names and op:name pairs from kAlgorithms.
+std::map<std::string, std::string> parseAlgo(const std::string& text) {
+  std::map<std::string, std::string> out;
+  const std::string t = lower(trim(text));
+  if (t == "auto" || t.empty()) return out;
+  for (const auto& item : splitList(t)) {
+    const auto colon = item.find(':');
+    const std::string op = colon == std::string::npos ? "" : trim(item.substr(0, colon));
+    const std::string name = colon == std::string::npos ? item : trim(item.substr(colon + 1));
+    bool known_op = op.empty(), any = false;
+    for (const auto& a : kAlgorithms) {
+      known_op = known_op || op == a.op;
+      if (name != a.name || (!op.empty() && op != a.op)) continue;
+      MAESTRO_CHECK(!out.count(a.op) || out[a.op] == name, "MAESTRO_ALGO='", text, "' forces two algorithms on ",
+                    a.op);
+      out[a.op] = name;
+      any = true;
+    }
+    MAESTRO_CHECK(known_op, "MAESTRO_ALGO='", text, "': '", op, "' is not an operation with a choice of algorithm (",
+                  algoDoc(), ")");
+    MAESTRO_CHECK(any, "MAESTRO_ALGO='", text, "': '", name, "' is not an algorithm", op.empty() ? "" : " of ", op,
+                  " (", algoDoc(), ")");
+  }
+  return out;
+}
+
+std::string showAlgo(const std::map<std::string, std::string>& algo) {
+  if (algo.empty()) return "auto";
+  std::string out;
+  for (const auto& [op, name] : algo) out += strcat(out.empty() ? "" : ",", op, ":", name);
+  return out;
+}
+
 bool isIpLiteral(const std::string& s) {
   unsigned char buf[16];
   return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
@@ -245,6 +294,8 @@ std::vector<Knob> schedulingKnobs() {
          setAutoOrNumber(c.alltoall_window, v,
                          [](const std::string& v) { return parseInt("MAESTRO_ALLTOALL_WINDOW", v, 1, 1 << 20); });
        }},
+      {"algo", "MAESTRO_ALGO", "auto", algoDoc(), true, [](const Config& c) { return showAlgo(c.algo); },
+       [](Config& c, const std::string& v) { c.algo = parseAlgo(v); }},
       {"reg_cache_size", "MAESTRO_REG_CACHE_SIZE", "256", "memory registrations cached per group",
        false, [](const Config& c) { return std::to_string(c.reg_cache_size); },
        [](Config& c, const std::string& v) {

@@ -34,6 +34,19 @@ inline constexpr PolicyName kPolicies[] = {{Policy::kRoundRobin, "round_robin"},
                                            {Policy::kSingle, "single"}};
 const char* policyName(Policy policy);
 
+// The collectives' algorithms that MAESTRO_ALGO may force, each with the
+// operation that has it: the one place they are declared (the knob's
+// parser and text come from it; collectives/tuner.h maps the names to the
+// algorithms and chooses among them when nothing is forced).
+struct AlgorithmName {
+  const char* op;
+  const char* name;
+};
+inline constexpr AlgorithmName kAlgorithms[] = {{"allreduce", "ring"},
+                                                {"allreduce", "recursive_doubling"},
+                                                {"reduce", "ring"},
+                                                {"reduce", "direct"}};
+
 // The knobs as resolved (defaults < MAESTRO_* environment < options). A
 // group settles every "auto" once, at its set-up, where the facts are
 // known: the mesh's (transport, vNICs, paths, discovery, TCP congestion
@@ -56,6 +69,9 @@ struct Config {
   size_t segment_size = 1 << 20;        // pipeline unit of the collectives
   int scratch_slots = 0;                // reduce-scatter receive slots (credits); 0 = auto (scratchSlots)
   int alltoall_window = 0;              // all-to-all peers written to at once; 0 = auto (alltoallWindow)
+  // Forced algorithms, operation -> algorithm name (kAlgorithms); an
+  // operation not in it: the tuner chooses (collectives/tuner.h).
+  std::map<std::string, std::string> algo;
   size_t reg_cache_size = 256;          // registrations kept per group
   size_t reg_cache_bytes = 0;           // bytes they may cover when idle; 0 = auto (regCacheBytes)
   size_t small_msg = 16 * 1024;         // latency policy: messages up to this size

@@ -169,8 +169,10 @@ TEST(RingTagWindow, ARingLongerThanItsTagsReusesThem) {
   struct Restore {
     ~Restore() { setRingTagWindow(0); }
   } restore;
+  auto opts = testing::smallUnits();
+  opts["algo"] = "allreduce:ring";  // tiny tensors too (the tuner would take another algorithm)
   for (int n : {2, 3, 5}) {
-    World w(n);
+    World w(n, opts);
     uint64_t seq = 1;
     for (uint32_t window : {1u, 2u, 5u}) {
       setRingTagWindow(window);
@@ -478,7 +480,8 @@ struct SpansHosts {
 TEST_P(Collectives, MidSizeRingsInSmallestChunksAreExact) {
   const int n = GetParam();
   SpansHosts spans;
-  World w(n, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}, {"segment_size", "64K"}, {"paths", "4"}});
+  World w(n, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}, {"segment_size", "64K"}, {"paths", "4"},
+              {"algo", "allreduce:ring"}});
   uint64_t seq = 1;
   auto value = [](int r, uint64_t i) { return static_cast<float>((i * (r + 3) + 131 * r) % 1013); };
   for (uint64_t block_bytes : {4096ull, 4100ull, 12000ull, 16384ull, 16448ull}) {
@@ -523,7 +526,8 @@ TEST_P(Collectives, MidSizeRingsInSmallestChunksAreExact) {
 TEST(MidSizeRing, APathClosedMidPipelineLosesNothing) {
   const int n = 2, ops = 400, paths = 4;
   SpansHosts spans;
-  World w(n, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}, {"segment_size", "64K"}, {"paths", "4"}});
+  World w(n, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}, {"segment_size", "64K"}, {"paths", "4"},
+              {"algo", "allreduce:ring"}});
   const uint64_t count = 2 * 12000 / 4;  // blocks of 12000 bytes: 3 segments
   auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
   auto resent = [&] {

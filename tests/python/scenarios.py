@@ -717,6 +717,31 @@ def info_logging(rank, world):
         return {"log": f.read()}
 
 
+def algorithms(rank, world):
+    """Allreduces on both sides of the tuner's limits, in one group with the
+    tuner's choices and in groups with each algorithm forced (Options), every
+    dtype's sum exact; what describe() says of each."""
+    import maestro_torch
+
+    _init()
+    limit = maestro_torch._C._constants()["recursive_doubling_bytes_one_host"]
+    groups = {"auto": dist.group.WORLD}
+    for algo in ("ring", "recursive_doubling"):
+        groups[algo] = dist.new_group(backend="maestro", pg_options=maestro_torch.Options(algo=algo))
+    wrong = []
+    for name, g in groups.items():
+        for count in (1, 1000, limit // 4, limit // 4 + 1, 300000):
+            for dtype in (torch.float32, torch.int64, torch.bfloat16):
+                t = (torch.arange(count) % 7 + rank).to(dtype)
+                dist.all_reduce(t, group=g)
+                want = (torch.arange(count) % 7 * world + world * (world - 1) // 2).to(dtype)
+                if not torch.equal(t, want):
+                    wrong.append(f"{name}: {count} x {dtype}")
+    out = {"wrong": wrong, "describe": {k: maestro_torch.backend_of(g).describe() for k, g in groups.items()}}
+    dist.destroy_process_group()
+    return out
+
+
 def ddp_training(rank, world, backend):
     """A few steps of DDP on a small model; returns the final parameters."""
     torch.manual_seed(0)

@@ -423,10 +423,30 @@ def test_info_logging_prints_knobs_and_path_table():
             assert knob in log, f"{knob} missing from the INFO log:\n{log}"
         # What the automatic knobs chose, in the set-up line.
         assert "chunks of 262144 bytes" in log, log
+        assert "tuner (2 ranks, one host, tcp, 4 paths; MAESTRO_ALGO=auto)" in log, log
         assert ", congestion control " in log, log
         assert "single copy: rank " in log, "the same-host single copy is not announced"
         assert "127.0.0.4" in log and "sent MB" in log, "path table missing"
         assert "path statistics at shutdown" in log
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_tuners_choices_and_a_forced_algorithm_are_exact_and_described(world):
+    for rank, v in enumerate(ok_values(run_ranks(world, scenarios.algorithms, timeout=180))):
+        assert v["wrong"] == [], f"rank {rank}: {v['wrong']}"
+        d = v["describe"]
+        assert f"tuner ({world} ranks, one host, tcp" in d["auto"], d["auto"]
+        assert "allreduce: recursive_doubling up to 262144 bytes, ring above\n" in d["auto"], d["auto"]
+        assert "MAESTRO_ALGO=auto" in d["auto"], d["auto"]
+        assert "-- forced: ring at every size" in d["ring"], d["ring"]
+        assert "MAESTRO_ALGO=allreduce:recursive_doubling" in d["recursive_doubling"], d["recursive_doubling"]
+
+
+def test_a_bad_algorithm_fails_every_rank_naming_the_ones_there_are():
+    results = run_ranks(2, scenarios.bad_knob, env={"MAESTRO_ALGO": "allreduce:tree"}, timeout=120)
+    for rank, v in enumerate(ok_values(results)):
+        assert "MAESTRO_ALGO='allreduce:tree': 'tree' is not an algorithm of allreduce" in v["error"], v["error"]
+        assert "allreduce: ring, recursive_doubling; reduce: ring, direct" in v["error"], v["error"]
 
 
 def test_ddp_matches_gloo():

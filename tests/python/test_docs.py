@@ -86,7 +86,11 @@ def test_sizes_and_counts_the_readme_quotes_are_the_codes():
               f"one chunk per path, down to {kib(c['tcp_min_chunk_bytes'])})",
               f"({c['groups_sharing_paths']} groups at a time besides the default one)",
               f"up to {direct} every rank writes its tensor straight to the root",
-              f"and reduce above {direct})", f"a reduce of up to {direct}"]
+              f"and reduce above {direct})", f"a reduce of up to {direct}",
+              f"direct: every rank writes straight into the root's scratch, up to {direct}"]
+    across, one = kib(c["recursive_doubling_bytes_across_hosts"]), kib(c["recursive_doubling_bytes_one_host"])
+    claims += [f"small tensors by recursive doubling (up to {across} across hosts, {one} on one host:",
+               f"up to {across} across hosts and {one} on one host |"]
     missing = [x for x in claims if x not in readme]
     assert not missing, f"README no longer says (or says otherwise than the code): {missing}"
 

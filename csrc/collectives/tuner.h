@@ -1,0 +1,80 @@
+// The tuner: the one place that chooses how a collective runs, per
+// operation, message size, group size, paths and transport. Every rank of a
+// group derives the same choice from facts they share (the agreed knobs,
+// the settled transport and path count, whether the group spans hosts), so
+// no choice travels on the wire; the choice also rides in the operation's
+// descriptor, so ranks that disagree fail with a message instead of
+// waiting for each other.
+//
+// Choices, and where their thresholds come from (docs/results.md, "Small
+// and mid-size allreduce: the tuner's algorithm choice", is the run that
+// measured them):
+//   allreduce  recursive doubling (log2 n exchanges of the whole tensor,
+//              collectives/recursive_doubling.cc) while the tensor is small
+//              enough that the ring's 2(n-1) sequential steps, not the bytes,
+//              are the cost; the ring (reduce-scatter + allgather, every
+//              byte crossing each link (n-1)/n times twice) above.
+//   reduce     direct (every rank writes straight into the root's scratch,
+//              one step) up to kDirectReduceBytes; the ring reduce above.
+// How a message is cut into chunks (the decomposer's one chunk per path
+// down to the smallest chunk, multipath/decomposer.h) and how a ring's
+// blocks are segmented (plan.h, ringSegmentBytes) are decided below this
+// layer, per message; describeTuner() prints those rules beside the table.
+// MAESTRO_ALGO forces an algorithm (common/config.h, kAlgorithms).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "collectives/op.h"
+#include "multipath/engine.h"
+
+namespace maestro {
+namespace collectives {
+
+// What a choice depends on; the same on every rank of a group.
+struct TuneFacts {
+  OpKind kind = OpKind::kAllreduce;
+  uint64_t bytes = 0;  // the tensor (allreduce, reduce)
+  int ranks = 1;
+  bool spans_hosts = false;
+  std::string transport;  // tcp | verbs (settled)
+};
+
+struct Choice {
+  Algorithm algorithm = Algorithm::kRing;
+  bool forced = false;  // by MAESTRO_ALGO
+};
+
+// The tuner's table, without the knob: exposed for tests.
+Algorithm tunedAlgorithm(const TuneFacts& facts);
+// The knob first (config.algo), then the table.
+Choice choose(const Config& config, const TuneFacts& facts);
+// For the engine's group: its facts filled in from the engine.
+Choice choose(const multipath::Engine& engine, OpKind kind, uint64_t bytes);
+
+// Largest allreduce that goes by recursive doubling, by group size and
+// whether the group spans hosts (0: none). Recursive doubling sends
+// log2(n) whole tensors where the ring sends 2(n-1)/n of one in 2(n-1)
+// steps: it wins while a step's latency outweighs a tensor's time on the
+// wire, which comes sooner where the wire is slow (across hosts: on the
+// lab a message under 64 KiB is one chunk on one 200 Mbit/s path) than on
+// one host. The limits are the largest sizes at which recursive doubling
+// was faster than the ring with MAESTRO_ALGO forcing each, 4 ranks on the
+// lab and 4 and 8 ranks over loopback (docs/results.md, "Small and
+// mid-size allreduce: the tuner's algorithm choice", scripts/bench.sh
+// --only tuner).
+// The ring's steps grow with n and recursive doubling's with log2(n), so
+// a larger group's crossover is higher: the limits hold for 4 ranks and
+// err towards the ring beyond.
+constexpr uint64_t kRecursiveDoublingAcrossHosts = 8 << 10;
+constexpr uint64_t kRecursiveDoublingOneHost = 256 << 10;
+uint64_t recursiveDoublingLimit(int ranks, bool spans_hosts, const std::string& transport);
+// Largest reduce sent straight to its root.
+constexpr uint64_t kDirectReduceBytes = 64 << 10;
+
+// The rules as they apply to this group (MAESTRO_DEBUG=INFO, describe()).
+std::string describeTuner(const multipath::Engine& engine);
+
+}  // namespace collectives
+}  // namespace maestro

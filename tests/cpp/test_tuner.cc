@@ -1,0 +1,325 @@
+// The tuner's choices (which algorithm at which size, and MAESTRO_ALGO
+// forcing one), and the small-message allreduce it chooses, recursive
+// doubling: ranks as threads over four real loopback paths, results exact
+// and the same bits on every rank, groups that are and are not a power of
+// two (the fold), every size class, a path closed mid-operation, a missing
+// partner.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "collectives/collectives.h"
+#include "collectives/tuner.h"
+#include "common/config.h"
+#include "multipath/engine.h"
+#include "collective_world.h"
+#include "test_util.h"
+
+namespace maestro {
+namespace collectives {
+namespace {
+
+using testing::after;
+using testing::errorText;
+using testing::registered;
+using testing::runRanks;
+using testing::World;
+
+std::map<std::string, std::string> forced(const std::string& algo) {
+  auto opts = testing::smallUnits();
+  opts["algo"] = algo;
+  return opts;
+}
+
+TuneFacts facts(OpKind kind, uint64_t bytes, int ranks, bool spans = true) {
+  TuneFacts f;
+  f.kind = kind;
+  f.bytes = bytes;
+  f.ranks = ranks;
+  f.spans_hosts = spans;
+  f.transport = "tcp";
+  return f;
+}
+
+TEST(Tuner, SmallAllreducesGoByRecursiveDoublingLargeOnesByTheRing) {
+  for (int n : {2, 3, 4, 8, 64})
+    for (bool spans : {false, true}) {
+      const uint64_t limit = recursiveDoublingLimit(n, spans, "tcp");
+      ASSERT_GT(limit, 0u) << n << " ranks";
+      for (uint64_t bytes : {uint64_t(0), uint64_t(4), uint64_t(4096), limit})
+        EXPECT_EQ(Algorithm::kRecursiveDoubling, tunedAlgorithm(facts(OpKind::kAllreduce, bytes, n, spans)))
+            << bytes << " bytes, " << n << " ranks";
+      for (uint64_t bytes : {limit + 1, uint64_t(1) << 20, uint64_t(256) << 20})
+        EXPECT_EQ(Algorithm::kRing, tunedAlgorithm(facts(OpKind::kAllreduce, bytes, n, spans)))
+            << bytes << " bytes, " << n << " ranks";
+    }
+  EXPECT_EQ(Algorithm::kDirect, tunedAlgorithm(facts(OpKind::kReduce, kDirectReduceBytes, 4)));
+  EXPECT_EQ(Algorithm::kRing, tunedAlgorithm(facts(OpKind::kReduce, kDirectReduceBytes + 1, 4)));
+  EXPECT_EQ(Algorithm::kRing, tunedAlgorithm(facts(OpKind::kBroadcast, 4, 4)));
+}
+
+TEST(Tuner, MaestroAlgoForcesAnAlgorithmOnTheOperationsThatHaveIt) {
+  const auto small = facts(OpKind::kAllreduce, 64, 4), large = facts(OpKind::kAllreduce, 64 << 20, 4);
+  const auto small_reduce = facts(OpKind::kReduce, 64, 4);
+  Config auto_ = Config::resolve();
+  EXPECT_FALSE(choose(auto_, small).forced);
+  EXPECT_EQ(Algorithm::kRecursiveDoubling, choose(auto_, small).algorithm);
+
+  Config ring = Config::resolve({{"algo", "ring"}});  // allreduce and reduce both have a ring
+  EXPECT_EQ(Algorithm::kRing, choose(ring, small).algorithm);
+  EXPECT_TRUE(choose(ring, small).forced);
+  EXPECT_EQ(Algorithm::kRing, choose(ring, small_reduce).algorithm);
+
+  Config rd = Config::resolve({{"algo", "recursive_doubling"}});  // allreduce only
+  EXPECT_EQ(Algorithm::kRecursiveDoubling, choose(rd, large).algorithm);
+  EXPECT_EQ(Algorithm::kDirect, choose(rd, small_reduce).algorithm) << "reduce has no recursive doubling: tuned";
+  EXPECT_FALSE(choose(rd, small_reduce).forced);
+
+  Config per_op = Config::resolve({{"algo", " Allreduce:Ring , reduce:direct"}});
+  EXPECT_EQ(Algorithm::kRing, choose(per_op, small).algorithm);
+  EXPECT_EQ(Algorithm::kDirect, choose(per_op, facts(OpKind::kReduce, 64 << 20, 4)).algorithm);
+  for (const auto& k : knobs())
+    if (std::string(k.name) == "algo") EXPECT_EQ("allreduce:ring,reduce:direct", k.show(per_op));
+}
+
+TEST(Tuner, ABadMaestroAlgoIsRefusedSayingWhatExists) {
+  auto refused = [](const std::string& text) {
+    try {
+      Config::resolve({{"algo", text}});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(std::string::npos, refused("tree").find("'tree' is not an algorithm")) << refused("tree");
+  EXPECT_NE(std::string::npos, refused("tree").find("allreduce: ring, recursive_doubling")) << refused("tree");
+  EXPECT_NE(std::string::npos, refused("reduce:recursive_doubling").find("is not an algorithm of reduce"))
+      << refused("reduce:recursive_doubling");
+  EXPECT_NE(std::string::npos, refused("broadcast:ring").find("'broadcast' is not an operation"))
+      << refused("broadcast:ring");
+  EXPECT_NE(std::string::npos, refused("ring,allreduce:recursive_doubling").find("forces two algorithms"))
+      << refused("ring,allreduce:recursive_doubling");
+}
+
+TEST(Tuner, TheGroupsTableIsDescribed) {
+  World w(2, forced("reduce:ring"));
+  const std::string text = describeTuner(*w.engines[0]);
+  EXPECT_NE(std::string::npos, text.find("MAESTRO_ALGO=reduce:ring")) << text;
+  EXPECT_NE(std::string::npos, text.find("allreduce: recursive_doubling up to ")) << text;
+  EXPECT_NE(std::string::npos, text.find("reduce: direct up to 65536 bytes, ring above -- forced: ring")) << text;
+  EXPECT_NE(std::string::npos, text.find("chunks: 4096 bytes")) << text;
+}
+
+// Every rank's result, checked against the reference and against rank 0's
+// bits.
+class RecursiveDoubling : public ::testing::TestWithParam<int> {};
+
+TEST_P(RecursiveDoubling, EverySizeIsExactAndTheSameBitsOnEveryRank) {
+  const int n = GetParam();
+  World w(n, forced("recursive_doubling"));
+  uint64_t seq = 1;
+  // 0, tiny, one chunk, many chunks, many segments (16 KiB segments).
+  for (uint64_t count : {0ull, 1ull, 3ull, 1000ull, 12345ull, 100000ull}) {
+    std::vector<std::vector<float>> data(n, std::vector<float>(count));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<float>((i * 7 + r * 13) % 1000);
+    std::vector<std::vector<float>> noisy(n, std::vector<float>(count));  // not exact in float: order shows
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) noisy[r][i] = 1.0f / static_cast<float>(3 + i % 17 + 5 * r);
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Window a = registered(e, data[r]), b = registered(e, noisy[r]);
+      allreduce(e, seq, a, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      allreduce(e, seq + 1, b, count, DType::kFloat32, ReduceOp::kAvg, after(60));
+      if (a.region.valid()) e.deregisterMemory(a.region);
+      if (b.region.valid()) e.deregisterMemory(b.region);
+    });
+    seq += 2;
+    for (auto& err : errors) ASSERT_EQ("", errorText(err)) << count;
+    for (int r = 0; r < n; ++r) {
+      for (uint64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += static_cast<float>((i * 7 + q * 13) % 1000);
+        ASSERT_EQ(want, data[r][i]) << "rank " << r << " element " << i << " of " << count;
+        double mean = 0;
+        for (int q = 0; q < n; ++q) mean += 1.0 / (3 + i % 17 + 5 * q);
+        ASSERT_NEAR(mean / n, noisy[r][i], 1e-6) << "rank " << r << " element " << i;
+      }
+      ASSERT_EQ(0, std::memcmp(noisy[0].data(), noisy[r].data(), count * sizeof(float)))
+          << "rank " << r << " holds other bits than rank 0 (" << count << " elements)";
+    }
+  }
+}
+
+TEST_P(RecursiveDoubling, EveryOpOnInt64AndSignedZerosAgree) {
+  const int n = GetParam();
+  World w(n, forced("recursive_doubling"));
+  uint64_t seq = 1;
+  const uint64_t count = 5001;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct,
+                      ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
+    std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(count));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<int64_t>((i * 31 + r * 17) % 97) - 40;
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Window win = registered(e, data[r]);
+      allreduce(e, seq, win, count, DType::kInt64, op, after(60));
+      e.deregisterMemory(win.region);
+    });
+    ++seq;
+    for (auto& err : errors) ASSERT_EQ("", errorText(err));
+    for (uint64_t i = 0; i < count; ++i) {
+      int64_t acc = static_cast<int64_t>((i * 31) % 97) - 40;
+      for (int q = 1; q < n; ++q) {
+        int64_t v = static_cast<int64_t>((i * 31 + q * 17) % 97) - 40;
+        if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc += v;
+        if (op == ReduceOp::kMin) acc = std::min(acc, v);
+        if (op == ReduceOp::kMax) acc = std::max(acc, v);
+        if (op == ReduceOp::kProduct) acc *= v;
+        if (op == ReduceOp::kBand) acc &= v;
+        if (op == ReduceOp::kBor) acc |= v;
+        if (op == ReduceOp::kBxor) acc ^= v;
+      }
+      if (op == ReduceOp::kAvg) acc /= n;
+      for (int r = 0; r < n; ++r) ASSERT_EQ(acc, data[r][i]) << reduceOpName(op) << " rank " << r << " i " << i;
+    }
+  }
+  // MIN and MAX of -0 and +0 are equal either way round, yet their bits
+  // differ: every rank must still hold the same bits.
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    std::vector<std::vector<float>> zeros(n, std::vector<float>(64));
+    for (int r = 0; r < n; ++r)
+      for (int i = 0; i < 64; ++i) zeros[r][i] = ((i >> (r % 6)) & 1) ? -0.0f : 0.0f;
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Window win = registered(e, zeros[r]);
+      allreduce(e, seq, win, 64, DType::kFloat32, op, after(60));
+      e.deregisterMemory(win.region);
+    });
+    ++seq;
+    for (auto& err : errors) ASSERT_EQ("", errorText(err));
+    for (int r = 1; r < n; ++r)
+      for (int i = 0; i < 64; ++i)
+        ASSERT_EQ(std::signbit(zeros[0][i]), std::signbit(zeros[r][i])) << reduceOpName(op) << " rank " << r << " i " << i;
+  }
+}
+
+// The tuner picks recursive doubling for small tensors and the ring for the
+// rest; a sequence that alternates between them reuses tags and scratch.
+TEST_P(RecursiveDoubling, TheTunersChoicesAlternateExactly) {
+  const int n = GetParam();
+  World w(n);  // defaults: the tuner chooses
+  const uint64_t limit = recursiveDoublingLimit(n, ringSpansHosts(*w.engines[0]), w.engines[0]->transportName());
+  const uint64_t small = limit / 4, large = limit / 4 + 1;  // floats: the largest below the limit, the smallest above
+  ASSERT_EQ(Algorithm::kRecursiveDoubling, choose(*w.engines[0], OpKind::kAllreduce, small * 4).algorithm);
+  ASSERT_EQ(Algorithm::kRing, choose(*w.engines[0], OpKind::kAllreduce, large * 4).algorithm);
+  uint64_t seq = 1;
+  for (int round = 0; round < 6; ++round) {
+    const uint64_t count = round % 2 ? large : small;
+    std::vector<std::vector<float>> data(n, std::vector<float>(count));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<float>((i * 3 + r * 5 + round) % 777);
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Window win = registered(e, data[r]);
+      allreduce(e, seq, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      e.deregisterMemory(win.region);
+    });
+    ++seq;
+    for (auto& err : errors) ASSERT_EQ("", errorText(err));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += static_cast<float>((i * 3 + q * 5 + round) % 777);
+        ASSERT_EQ(want, data[r][i]) << "round " << round << " rank " << r << " element " << i;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, RecursiveDoubling, ::testing::Values(2, 3, 4, 5, 6, 7, 8),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param); });
+
+// A partner that never enters the operation: the others time out naming it
+// (a rank folded in waits for its pair, the pair for it).
+TEST(RecursiveDoublingTimeout, AMissingPartnerIsNamed) {
+  World w(3, forced("recursive_doubling"));
+  std::vector<std::string> what(3);
+  auto errors = runRanks(3, [&](int r) {
+    if (r == 2) return;  // rank 2 is folded into rank 0
+    auto& e = *w.engines[r];
+    std::vector<float> v(100, 1.0f);
+    Window win = registered(e, v);
+    try {
+      allreduce(e, 1, win, 100, DType::kFloat32, ReduceOp::kSum, after(1));
+    } catch (const Error& err) {
+      what[r] = err.what();
+    }
+    e.deregisterMemory(win.region);
+  });
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  EXPECT_NE(std::string::npos, what[0].find("rank 2 to start the same collective")) << what[0];
+  EXPECT_NE(std::string::npos, what[0].find("by recursive_doubling")) << what[0];
+  EXPECT_NE(std::string::npos, what[1].find("timed out")) << what[1];
+}
+
+// A path closed while the exchanges run: its chunks go again on the others,
+// nothing is lost, every result exact; the closes go on until one caught a
+// chunk in flight (a chunk on loopback may be acknowledged before the close).
+TEST(RecursiveDoublingFailover, APathClosedMidOperationLosesNothing) {
+  const int n = 4, ops = 300, paths = 4;
+  World w(n, {{"chunk_size", "4K"}, {"segment_size", "16K"}, {"paths", "4"}, {"algo", "recursive_doubling"}});
+  const uint64_t count = 6000;  // 24000 bytes: 6 chunks a message
+  auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
+  auto resent = [&] {
+    uint64_t sum = 0;
+    for (auto& e : w.engines)
+      for (const auto& s : e->pathStats()) sum += s.resent;
+    return sum;
+  };
+  std::atomic<int> started{0};
+  std::atomic<bool> closed_mid_operation{false};
+  std::thread closer([&] {
+    const auto until = after(60);
+    int path = 0;
+    while (started.load() < ops && Clock::now() < until && path < paths - 1) {
+      if (started.load() > 20 && w.engines[0]->inflightOn(1, path) > 0) {
+        w.engines[0]->transport().closePath(1, path, "closed by the test");
+        closed_mid_operation = closed_mid_operation || started.load() < ops;
+        const auto flushed = after(0.5);
+        while (resent() == 0 && Clock::now() < flushed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (resent() > 0) return;
+        ++path;
+      }
+      std::this_thread::yield();
+    }
+  });
+  std::vector<int> wrong(n, 0);
+  auto errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    std::vector<float> data(count);
+    Window win = registered(e, data);
+    for (int op = 0; op < ops; ++op) {
+      for (uint64_t i = 0; i < count; ++i) data[i] = value(r, i, op);
+      if (r == 0) started++;
+      allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      for (uint64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += value(q, i, op);
+        if (data[i] != want) wrong[r]++;
+      }
+    }
+  });
+  closer.join();
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  ASSERT_TRUE(closed_mid_operation) << "the path was not closed while the operations ran: the test proves nothing";
+  EXPECT_EQ(std::vector<int>(n, 0), wrong);
+  EXPECT_GT(resent(), 0u) << "no chunk was in flight on any of the " << paths - 1 << " closed paths";
+}
+
+}  // namespace
+}  // namespace collectives
+}  // namespace maestro
