@@ -18,6 +18,7 @@ Experiments (paper figure):
                            chunk per path, a mid-size ring step sent chunk by chunk) beside
                            MAESTRO_MIN_CHUNK_SIZE=256K (whole chunks and steps), adaptive and round_robin,
                            interleaved trials in rotating order
+    tuner         -        allreduce 4 KiB-1 MiB: auto, ring, recursive doubling, gloo; lab, 4, 6 and 8 ranks on loopback
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: ResNet-50's sync and training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
@@ -276,6 +277,45 @@ def exp_mid_size(ctx):
                                                   ",".join(order), "--budget", "1.5"], timeout=1800))
     return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS,
             "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "variants": variants, "runs": runs}
+
+
+TUNER_VARIANTS = ["adaptive", "adaptive@algo=ring", "adaptive@algo=recursive_doubling", "gloo"]
+
+
+def exp_tuner(ctx):
+    """The data of the tuner's table for allreduce: latency and busbw of the
+    algorithm it chooses (MAESTRO_ALGO=auto) beside ring (reduce-scatter +
+    allgather, 2(n-1) steps) and recursive doubling (log2(n) steps of the
+    whole vector) forced, and gloo, over small and mid sizes, in three
+    settings: 4 ranks on the pinned lab of exp_collectives, and 4, 6 and 8
+    ranks of this host over loopback (no shaper: where the CPU and the
+    steps' latency decide). Interleaved trials, each rotating the order of
+    the variants and running every setting; a cell runs 20 timed iterations
+    (1 MiB: as many as the budget plans) after its warm-up."""
+    import footprint
+    sizes = "16K,256K" if ctx.quick else "4K,8K,16K,64K,256K,512K,1M"
+    variants = TUNER_VARIANTS
+    trials = 1 if ctx.quick else 3
+    # setting -> ranks on this host; 6: the ranks beyond a power of two folded in
+    loopback = {"loopback-4": 4, "loopback-6": 6, "loopback-8": 8}
+    settings = {"lab": "4 ranks on the pinned lab (4 hosts, 2 leaves, 4 spines)",
+                **{k: f"{n} ranks on this host over loopback" for k, n in loopback.items()}}
+    runs = {k: [] for k in settings}
+    with ctx.lab("tun", mode="pinned") as lab:
+        for trial in range(trials):
+            order = variants[trial % len(variants):] + variants[:trial % len(variants)]
+            # --budget 0.5: the sizes up to 256 KiB run 20 timed iterations
+            # whatever the budget (the cap), 1 MiB too from 0.42 s on.
+            argv = ["sweep", "--collective", "allreduce", "--sizes", sizes, "--variants", ",".join(order),
+                    "--budget", "0.5"]
+            for key in settings:
+                print(f"    trial {trial + 1}/{trials}: {key}", file=sys.stderr, flush=True)
+                if key in loopback:
+                    runs[key].append(footprint.launch_script(loopback[key], [os.path.join(ROOT, RANK), *argv]))
+                else:
+                    runs[key].append(run_ranks(lab, argv))
+    return {"lab": "4 hosts, 2 leaves, 4 spines, pinned; and this host's loopback", "core_mbit": CORE,
+            "access_mbit": ACCESS, "variants": variants, "settings": settings, "runs": runs}
 
 
 def exp_models(ctx):

@@ -7,7 +7,7 @@ import statistics
 
 from .common import busbw_of_iter
 from .link_events import failover_events, hunting_runs
-from .sweeps import mid_size_cells
+from .sweeps import mid_size_cells, tuner_cells
 
 
 def _p2p_paths(name, d, positive, bad):
@@ -39,6 +39,25 @@ def _spines(name, d, positive, bad):
             positive(name, f"{r['variant']} {r['bytes']} B busbw", r["busbw_GBps"])
             if not r["exact"]:
                 bad.append(f"{name}: {r['variant']} {r['bytes']} B: the result was wrong")
+
+
+def _tuner(name, d, positive, bad):
+    # Every variant timed at every size of each setting, in every trial.
+    for key, trials in d["runs"].items():
+        sizes = sorted({r["bytes"] for run in trials for r in run["rows"]})
+        cells = tuner_cells(trials)
+        for v in d["variants"]:
+            for b in sizes:
+                its, meds = cells.get((v, b), ([], []))
+                if len(meds) != len(trials):
+                    bad.append(f"{name}: {key} {v} {b} B: timed in {len(meds)} of {len(trials)} trials")
+                for x in meds:
+                    positive(name, f"{key} {v} {b} B seconds", x)
+                positive(name, f"{key} {v} {b} B timed iterations", len(its))
+        for run in trials:
+            for r in run["rows"]:
+                if not r["exact"]:
+                    bad.append(f"{name}: {key} {r['variant']} {r['bytes']} B: the result was wrong")
 
 
 def _collectives(name, d, positive, bad):
@@ -147,8 +166,8 @@ def _discovery(name, d, positive, bad):
 
 
 # experiment -> its check(name, data, positive, bad)
-CHECKS = {"p2p_paths": _p2p_paths, "chunk_size": _chunk_size, "mid_size": _mid_size, "spines": _spines,
-          "collectives": _collectives, "p2p_alltoall": _collectives, "models": _models,
+CHECKS = {"p2p_paths": _p2p_paths, "chunk_size": _chunk_size, "mid_size": _mid_size, "tuner": _tuner,
+          "spines": _spines, "collectives": _collectives, "p2p_alltoall": _collectives, "models": _models,
           "load_balance": _load_balance, "detection": _detection, "resiliency": _detection,
           "failover": _failover, "latency": _latency, "overheads": _overheads, "footprint": _footprint,
           "hunting": _hunting, "discovery": _discovery}

@@ -1,11 +1,13 @@
 """The bandwidth sections: point to point vs paths, chunk size, the
 collectives sweeps, more spines than vNICs, point to point and all-to-all,
-mid-size messages; and the helpers of sweep records (rank_bench.py sweep)
-and of interleaved trials."""
+mid-size messages, the tuner's algorithm choice for small and mid-size
+allreduce; and the helpers of sweep records (rank_bench.py sweep) and of
+interleaved trials."""
 from __future__ import annotations
 
 import statistics
 
+from matplotlib.ticker import LogFormatter
 from variants import is_gloo, is_maestro
 
 from .common import plt, save, size_label, spread_cell, table
@@ -291,3 +293,101 @@ def sec_mid_size(rec, out):
             "`@min_chunk_size=256K` keeps whole 256 KiB chunks and whole blocks, as before. A 4-rank ring sends "
             "blocks of a quarter of the message: at 256 KiB they are 64 KiB, one chunk either way.\n\n"
             + "\n\n".join(parts) + "\n\n" + save(fig, out, "mid_size"))
+
+
+def tuner_cells(trials: list) -> dict:
+    """{(variant, bytes): (every timed iteration's seconds, each trial's median seconds)} of the
+    tuner experiment's interleaved sweep trials in one setting."""
+    cells = {}
+    for run in trials:
+        for r in run["rows"]:
+            its, meds = cells.setdefault((r["variant"], r["bytes"]), ([], []))
+            its.extend(r["times"])
+            meds.append(r["seconds"])
+    return cells
+
+
+def tuner_roles(variants: list) -> dict:
+    """Which variant of the tuner experiment is which: {"auto", "ring",
+    "recursive_doubling", "gloo"} -> its name (those present)."""
+    roles = {}
+    for v in variants:
+        algo = next((f.partition("=")[2] for f in v.split("@")[1:] if f.startswith("algo=")), "auto")
+        roles.setdefault("gloo" if is_gloo(v) else algo, v)
+    return roles
+
+
+def tuner_crossover(med: dict, roles: dict, sizes: list) -> str:
+    """The sentence naming a setting's crossover: the largest size at which
+    recursive doubling was faster than ring (med: {(variant, bytes): median
+    seconds})."""
+    ring, rd = roles.get("ring"), roles.get("recursive_doubling")
+    if not ring or not rd:
+        return "not measured (ring and recursive_doubling are not both in the record)"
+    faster = [b for b in sizes if med[(rd, b)] < med[(ring, b)]]
+    if not faster:
+        return f"none: ring was faster at every size measured ({size_label(sizes[0])} to {size_label(sizes[-1])})"
+    top = faster[-1]
+    said = (f"**{size_label(top)}** (ring / recursive_doubling {med[(ring, top)] / med[(rd, top)]:.2f})"
+            + (" (the largest size measured)" if top == sizes[-1] else
+               f"; ring faster from {size_label(sizes[sizes.index(top) + 1])} on"))
+    below = [size_label(b) for b in sizes if b < top and b not in faster]
+    return said + (f"; below it, ring was faster at {', '.join(below)}" if below else "")
+
+
+def sec_tuner(rec, out):
+    d = rec["data"]
+    variants = d["variants"]
+    roles = tuner_roles(variants)
+    ring, rd, auto, gloo = (roles.get(k) for k in ("ring", "recursive_doubling", "auto", "gloo"))
+    parts, crossings, wrong = [], [], []
+    fig, axes = plt.subplots(1, len(d["runs"]), figsize=(5 * len(d["runs"]), 3.6), squeeze=False)
+    for ax, (key, trials) in zip(axes[0], d["runs"].items()):
+        cells = tuner_cells(trials)
+        sizes = sorted({b for _, b in cells})
+        med = {k: statistics.median(its) for k, (its, _) in cells.items()}
+        label = d.get("settings", {}).get(key, key)
+        rows = []
+        for b in sizes:
+            forced = ("-" if not ring or not rd else
+                      "recursive_doubling" if med[(rd, b)] < med[(ring, b)] else "ring")
+            rows.append([size_label(b)]
+                        + [spread_cell(med[(v, b)] * 1e3, [x * 1e3 for x in cells[(v, b)][1]], "{:.3f}") for v in variants]
+                        + [f"{med[(ring, b)] / med[(rd, b)]:.2f}" if ring and rd else "-", forced,
+                           f"{med[(auto, b)] / med[(gloo, b)]:.2f}" if auto and gloo else "-"])
+        parts.append(f"**{key}**: {label}\n\n"
+                     + table(["size"] + [f"{v} ms" for v in variants]
+                             + ["ring / recursive_doubling", "faster forced", "auto / gloo"], rows))
+        crossings.append(f"- {key}: {tuner_crossover(med, roles, sizes)}")
+        wrong += sorted({f"{r['variant']} at {size_label(r['bytes'])} ({key})"
+                         for run in trials for r in run["rows"] if r.get("exact") is False})
+        for i, v in enumerate(variants):
+            xs = [b * 2 ** (0.08 * (i - (len(variants) - 1) / 2)) for b in sizes]
+            ys = [med[(v, b)] * 1e3 for b in sizes]
+            lo = [max(0.0, y - min(cells[(v, b)][1]) * 1e3) for y, b in zip(ys, sizes)]
+            hi = [max(0.0, max(cells[(v, b)][1]) * 1e3 - y) for y, b in zip(ys, sizes)]
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="s--" if is_gloo(v) else "o-", capsize=3, label=v)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(LogFormatter())  # 20, not 2 x 10^1
+        ax.yaxis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.4)))
+        ax.set_xticks(sizes, [size_label(b) for b in sizes], fontsize=7)
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("allreduce time (ms)")
+        ax.set_title(f"{key}, {trials[0].get('world', '?')} ranks")
+        ax.legend(fontsize=7)
+    n = len(next(iter(d["runs"].values())))
+    return ("Small and mid-size allreduce: the tuner's algorithm choice",
+            "Allreduce time per variant: **" + (auto or "auto") + "** is maestro as it comes (`MAESTRO_ALGO=auto`: "
+            "the tuner chooses the algorithm per operation, size, group size and transport), beside ring "
+            "(reduce-scatter + allgather, 2(n-1) steps) and recursive doubling (log2(n) steps, each exchanging "
+            "the whole vector) forced with `@algo=`, and gloo, in the same processes. Cells: the median over every "
+            f"timed iteration of {n} interleaved trial{'s' if n != 1 else ''} (each rotates the order of the "
+            "variants; an iteration is timed on the slowest rank), in ms, with the min-max of the trials' "
+            "medians; the ratios are of those medians (ring / recursive_doubling above 1: recursive doubling "
+            "is faster; auto / gloo below 1: maestro is faster). Every result was checked after the warm-up.\n\n"
+            + "\n\n".join(parts)
+            + "\n\nThe largest size at which recursive_doubling was faster than ring, per setting:\n\n"
+            + "\n".join(crossings)
+            + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else "")
+            + "\n\n" + save(fig, out, "tuner"))

@@ -34,8 +34,8 @@ def test_quick_suite_runs_every_experiment_and_reports(tmp_path):
     assert gen.returncode == 0, gen.stderr[-4000:]
     md = (out / "results.md").read_text()
     pngs = sorted(p.name for p in (out / "results").glob("*.png"))
-    for name in ("p2p_paths", "chunk_size", "p2p_alltoall", "models", "load_balance", "detection", "resiliency", "failover",
-                 "latency", "overheads", "hunting", "footprint"):
+    for name in ("p2p_paths", "chunk_size", "p2p_alltoall", "tuner", "models", "load_balance", "detection", "resiliency",
+                 "failover", "latency", "overheads", "hunting", "footprint"):
         assert f"{name}.png" in pngs, pngs
         assert f"results/{name}.png" in md
     assert any(p.startswith("collectives_") for p in pngs), pngs

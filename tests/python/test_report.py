@@ -320,3 +320,84 @@ def test_failover_events_measure_the_stall_across_each_event_on_the_slowest_rank
     text = link_events.under_load(load)
     assert text.endswith("\n- rank 0 to rank 1, path 0: 2 resends unanswered (blackholed path?)"), text
     assert "reset by peer" not in text
+
+
+def tuner_record() -> dict:
+    """A tuner record as the suite writes it: two settings, each two
+    interleaved sweep trials (rank_bench.py sweep's RESULT) in rotated
+    order, three sizes. A cell's iterations are its base time x (0.8, 1.0,
+    1.2) in the first trial and x (0.9, 1.1, 1.3) in the second: the median
+    over every iteration is base x 1.05, the trials' medians base and base
+    x 1.1."""
+    variants = ["adaptive", "adaptive@algo=ring", "adaptive@algo=recursive_doubling", "gloo"]
+    base_ms = {  # (auto, ring, recursive doubling, gloo) per size
+        "lab": {4 << 10: (1.0, 1.6, 1.0, 5.0), 64 << 10: (1.5, 1.8, 1.5, 5.0), 1 << 20: (20.0, 20.0, 30.0, 65.0)},
+        "loopback-8": {4 << 10: (2.0, 2.0, 3.0, 10.0), 64 << 10: (3.0, 3.0, 4.0, 12.0),
+                       1 << 20: (10.0, 10.0, 20.0, 40.0)}}
+    worlds = {"lab": 4, "loopback-8": 8}
+    runs = {}
+    for key, cells in base_ms.items():
+        n = worlds[key]
+        runs[key] = []
+        for trial, factors in enumerate(((0.8, 1.0, 1.2), (0.9, 1.1, 1.3))):
+            order = variants[trial:] + variants[:trial]
+            rows = []
+            for size, bases in cells.items():
+                for v in order:
+                    times = [bases[variants.index(v)] / 1e3 * f for f in factors]
+                    med = times[1]
+                    rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
+                                 "busbw_GBps": size / med / 1e9 * 2 * (n - 1) / n, "iters": len(times),
+                                 "times": times, "exact": True, "cpu_s_per_GB": [1.0] * n})
+            runs[key].append({"collective": "allreduce", "world": n, "rows": rows, "routes": {}})
+    settings = {"lab": "4 ranks on the pinned lab (4 hosts, 2 leaves, 4 spines)",
+                "loopback-8": "8 ranks on this host over loopback"}
+    return dict(p2p_alltoall_record(), experiment="tuner", command="scripts/bench.sh --only tuner", data={
+        "lab": "4 hosts, 2 leaves, 4 spines, pinned; and this host's loopback", "core_mbit": 200,
+        "access_mbit": 1000, "variants": variants, "settings": settings, "runs": runs})
+
+
+def test_tuner_tables_show_each_algorithm_and_name_the_crossover(tmp_path):
+    rec = tuner_record()
+    assert sanity({"tuner": rec}) == []
+    md = report.render({"tuner": rec}, str(tmp_path))
+    assert "## Small and mid-size allreduce: the tuner's algorithm choice" in md
+    header = ("| size | adaptive ms | adaptive@algo=ring ms | adaptive@algo=recursive_doubling ms | gloo ms "
+              "| ring / recursive_doubling | faster forced | auto / gloo |")
+    assert md.count(header) == 2, md
+    assert "**lab**: 4 ranks on the pinned lab" in md and "**loopback-8**: 8 ranks on this host over loopback" in md
+    lab, loop = md.split("**loopback-8**")
+    # median over every iteration (base x 1.05), the trials' medians' min-max (base, base x 1.1); ring /
+    # recursive_doubling and auto / gloo of the medians
+    assert ("| 64 KiB | 1.575 (1.500-1.650) | 1.890 (1.800-1.980) | 1.575 (1.500-1.650) | 5.250 (5.000-5.500) "
+            "| 1.20 | recursive_doubling | 0.30 |") in lab, lab
+    assert ("| 1 MiB | 21.000 (20.000-22.000) | 21.000 (20.000-22.000) | 31.500 (30.000-33.000) "
+            "| 68.250 (65.000-71.500) | 0.67 | ring | 0.31 |") in lab, lab
+    assert "| 4 KiB | 2.100 (2.000-2.200) | 2.100 (2.000-2.200) | 3.150 (3.000-3.300) |" in loop, loop
+    assert "- lab: **64 KiB** (ring / recursive_doubling 1.20); ring faster from 1 MiB on\n" in md, md
+    assert "- loopback-8: none: ring was faster at every size measured (4 KiB to 1 MiB)\n" in md, md
+    assert "Wrong results" not in md
+    assert md.count("results/tuner.png") == 1 and (tmp_path / "results" / "tuner.png").exists()
+
+
+def test_tuner_crossover_and_sanity_name_what_is_off():
+    rec = tuner_record()
+    variants = rec["data"]["variants"]
+    roles = sweeps.tuner_roles(variants)
+    assert roles == {"auto": "adaptive", "ring": "adaptive@algo=ring",
+                     "recursive_doubling": "adaptive@algo=recursive_doubling", "gloo": "gloo"}
+    sizes = [4 << 10, 64 << 10, 1 << 20]
+    med = {(v, b): 1.0 for v in variants for b in sizes}
+    med[(roles["recursive_doubling"], 4 << 10)] = 1.5   # ring faster at 4 KiB,
+    med[(roles["recursive_doubling"], 64 << 10)] = 0.5  # recursive doubling at 64 KiB,
+    med[(roles["recursive_doubling"], 1 << 20)] = 0.8   # and at the largest size
+    assert sweeps.tuner_crossover(med, roles, sizes) == ("**1 MiB** (ring / recursive_doubling 1.25) (the largest "
+                                                         "size measured); below it, ring was faster at 4 KiB")
+    assert sweeps.tuner_crossover(med, {"ring": "adaptive@algo=ring"}, sizes).startswith("not measured")
+    lab = rec["data"]["runs"]["lab"]
+    lab[1]["rows"] = [r for r in lab[1]["rows"] if not (r["variant"] == "gloo" and r["bytes"] == 4 << 10)]
+    lab[0]["rows"][0]["exact"] = False
+    wrong = lab[0]["rows"][0]
+    assert sanity({"tuner": rec}) == [
+        "tuner: lab gloo 4096 B: timed in 1 of 2 trials",
+        f"tuner: lab {wrong['variant']} {wrong['bytes']} B: the result was wrong"]
