@@ -8,6 +8,7 @@
 #include <torch/version.h>
 
 #include "c10d/backend.hpp"
+#include "collectives/p2p.h"
 #include "collectives/tuner.h"
 #include "common/config.h"
 #include "common/net.h"
@@ -124,11 +125,12 @@ PYBIND11_MODULE(_C, m) {
                         "recursive_doubling_bytes_across_hosts"_a =
                             maestro::collectives::kRecursiveDoublingAcrossHosts,
                         "recursive_doubling_bytes_one_host"_a = maestro::collectives::kRecursiveDoublingOneHost,
+                        "eager_slots"_a = maestro::collectives::PointToPoint::kEagerSlots,
                         "groups_sharing_paths"_a = maestro::multipath::kMaxChannels - 1,
                         "path_knobs"_a = maestro::multipath::Engine::pathKnobs());
       },
       "Sizes and counts the docs quote: the automatic chunk sizes, the smallest chunk of a mid-size TCP "
-      "message, the largest reduce sent straight to its root, the largest allreduce by recursive doubling, how many groups share the default group's paths, "
+      "message, the largest reduce sent straight to its root, the largest allreduce by recursive doubling, the slots a receiver lends each sender for eager messages, how many groups share the default group's paths, "
       "the knobs that must match for a subgroup to share them.");
   // For `python -m maestro_torch.doctor`: the checks maestro itself makes,
   // not a second copy of them.

@@ -14,12 +14,14 @@ namespace {
 
 using multipath::ControlType;
 
-// GRANT payload; the engine tags of the pieces follow (uint32 each).
+// GRANT payload (and an eager message's ACCEPT: a GRANT of no pieces);
+// the engine tags of the pieces follow (uint32 each), then ReleasedWire,
+// then, with kLendsSlots, SlotsWire.
 struct GrantWire {
-  uint32_t status;  // kGranted, kSizeMismatch, kTooLarge
+  uint32_t status;  // kGranted, kSizeMismatch, kTooLarge, kEagerTaken
   uint32_t pieces;
   uint32_t region_id;
-  uint32_t reserved;
+  uint32_t flags;   // kLendsSlots
   uint64_t key;
   uint64_t addr;
   uint64_t length;
@@ -28,9 +30,37 @@ struct GrantWire {
   uint64_t recv_bytes;  // the receiver's buffer
 };
 static_assert(sizeof(GrantWire) == 64, "GrantWire is a wire format");
-constexpr uint32_t kGranted = 0, kSizeMismatch = 1, kTooLarge = 2;
+constexpr int kSlots = PointToPoint::kEagerSlots;
+// The uses of each slot the receiver lends the sender that it gave back.
+struct ReleasedWire {
+  uint64_t released[kSlots];
+};
+static_assert(sizeof(ReleasedWire) == 8 * kSlots, "ReleasedWire is a wire format");
+// The slots themselves: kSlots slots of slot_bytes, one engine tag each.
+struct SlotsWire {
+  uint32_t region_id;
+  uint32_t slots;
+  uint64_t key;
+  uint64_t addr;
+  uint64_t length;
+  uint64_t slot_bytes;
+  uint32_t tags[kSlots];
+};
+static_assert(sizeof(SlotsWire) == 40 + 4 * kSlots, "SlotsWire is a wire format");
+// An eager READY's payload (a rendezvous READY carries `bytes` only).
+struct EagerReadyWire {
+  uint64_t bytes;
+  uint32_t slot;
+  uint32_t reserved;
+  uint64_t use;  // the slot's use this is: one more than the uses given back
+};
+static_assert(sizeof(EagerReadyWire) == 24, "EagerReadyWire is a wire format");
+constexpr uint32_t kGranted = 0, kSizeMismatch = 1, kTooLarge = 2, kEagerTaken = 3;
+constexpr uint32_t kLendsSlots = 1;
 constexpr uint32_t kDoneOk = 0, kDoneCancelled = 1;
-constexpr size_t kMaxPieces = (transport::kMaxControlBytes - 16 - sizeof(GrantWire)) / sizeof(uint32_t);
+constexpr size_t kMaxPieces =
+    (transport::kMaxControlBytes - 16 - sizeof(GrantWire) - sizeof(ReleasedWire) - sizeof(SlotsWire)) /
+    sizeof(uint32_t);
 
 std::exception_ptr error(const std::string& what) { return std::make_exception_ptr(Error(what)); }
 
@@ -51,6 +81,9 @@ struct PointToPoint::Send {
   bool granted = false;
   bool finished = false;
   std::vector<std::shared_ptr<multipath::SendOp>> writes;
+  int slot = -1;          // eager: the borrowed slot written
+  bool accepted = false;  // eager: the receiver's ACCEPT came (accept_error: it refused)
+  std::exception_ptr accept_error;
 };
 
 struct PointToPoint::Recv {
@@ -71,7 +104,14 @@ struct PointToPoint::Matched {
   std::vector<std::shared_ptr<multipath::RecvOp>> ops;
   bool exposed = false;
   bool sender_done = false;  // DONE arrived: the tags may be reused once ours are released
+  int slot = -1;             // eager: the lent slot the data is in (tags: its tag)
 };
+
+int PointToPoint::Borrowing::freeSlot() const {
+  for (size_t i = 0; i < tags.size(); ++i)
+    if (uses[i] == released[i]) return static_cast<int>(i);
+  return -1;
+}
 
 PointToPoint::PointToPoint(multipath::Engine& engine, uint64_t max_piece_bytes)
     : engine_(engine),
@@ -85,7 +125,12 @@ PointToPoint::PointToPoint(multipath::Engine& engine, uint64_t max_piece_bytes)
       matched_(n_),
       want_tags_(n_),
       free_tags_(n_),
-      awaiting_(n_, 0) {
+      awaiting_(n_, 0),
+      eager_bytes_(engine.config().eager_size / 64 * 64),
+      lending_(n_),
+      told_slots_(n_, 0),
+      eager_refused_(n_, 0),
+      borrowing_(n_) {
   for (int p = 0; p < n_; ++p) {
     if (p == engine.rank()) continue;
     // Handed out from the back, taken back at the front: a freed tag is the
@@ -172,7 +217,7 @@ void PointToPoint::loop() {
       s->seq = next_send_seq_[s->peer]++;
       sends_[s->peer][s->seq] = s;
       try {
-        control(s->peer, ControlType::kP2PReady, s->seq, s->tag, &s->bytes, sizeof s->bytes);
+        if (!sendEager(*s)) control(s->peer, ControlType::kP2PReady, s->seq, s->tag, &s->bytes, sizeof s->bytes);
       } catch (const Error& e) {
         finish(s, error(strcat("maestro send to rank ", s->peer, " (tag ", s->tag, "): ", e.what())));
       }
@@ -234,12 +279,21 @@ void PointToPoint::handle(multipath::P2PMessage& m) {
   switch (m.type) {
     case ControlType::kP2PReady: {
       uint64_t bytes = 0;
-      if (m.body.size() != sizeof bytes) {
+      if (m.body.size() == sizeof bytes) {
+        std::memcpy(&bytes, m.body.data(), sizeof bytes);
+        onReady(Ready{m.peer, m.seq, m.sub, bytes});
+        return;
+      }
+      if (m.seq < next_ready_[m.peer]) return;  // a copy of one already taken (its slot may be in use again)
+      EagerReadyWire w{};
+      const Lending& lent = lending_[m.peer];
+      if (m.body.size() == sizeof w) std::memcpy(&w, m.body.data(), sizeof w);
+      if (m.body.size() != sizeof w || !lent.lent() || w.slot >= static_cast<uint32_t>(kSlots) || w.bytes == 0 ||
+          w.bytes > eager_bytes_ || w.use != lent.released[w.slot] + 1) {
         MAESTRO_WARN("malformed point-to-point READY from rank ", m.peer, " ignored");
         return;
       }
-      std::memcpy(&bytes, m.body.data(), sizeof bytes);
-      onReady(Ready{m.peer, m.seq, m.sub, bytes});
+      onReady(Ready{m.peer, m.seq, m.sub, w.bytes, static_cast<int>(w.slot)});
       return;
     }
     case ControlType::kP2PGrant: onGrant(m); return;
@@ -263,6 +317,7 @@ void PointToPoint::onReady(const Ready& r) {
     it = early_ready_[p].erase(it);
   }
   for (const Ready& ready : now) {
+    if (ready.slot >= 0) lending_[p].busy[ready.slot] = 1;
     auto it = std::find_if(posted_.begin(), posted_.end(), [&](const std::shared_ptr<Recv>& x) {
       return (x->peer < 0 || x->peer == ready.peer) && x->tag == ready.tag;
     });
@@ -295,9 +350,29 @@ void PointToPoint::match(std::shared_ptr<Recv> r, const Ready& ready) {
   }
   // The source is known from here on (a recv from any source reports it).
   r->peer = p;
+  if (ready.slot >= 0) {  // eager: the data is (or will be) in the lent slot
+    auto m = std::make_shared<Matched>();
+    m->recv = r;
+    m->peer = p;
+    m->seq = ready.seq;
+    m->slot = ready.slot;
+    m->tags = {lending_[p].tags[ready.slot]};
+    matched_[p][ready.seq] = m;  // until the sender's DONE gives the slot back
+    try {
+      if (refused.empty()) {
+        m->ops.push_back(engine_.expect(p, m->tags[0], ready.bytes));
+        return;  // progress() copies it out once it has landed
+      }
+      grantTo(p, ready.seq, &g, {});
+    } catch (const Error& e) {
+      if (refused.empty()) refused = strcat("maestro recv from rank ", p, " (tag ", r->tag, "): ", e.what());
+    }
+    finish(r, error(refused));
+    return;
+  }
   if (!refused.empty() || pieces == 0) {  // refused, or empty: no data moves
     try {
-      control(p, ControlType::kP2PGrant, ready.seq, 0, &g, sizeof g);
+      grantTo(p, ready.seq, &g, {});
     } catch (const Error& e) {
       if (refused.empty()) refused = strcat("maestro recv from rank ", p, " (tag ", r->tag, "): ", e.what());
     }
@@ -324,7 +399,6 @@ void PointToPoint::grant(Matched& m) {
     t = free_tags_[p].back();
     free_tags_[p].pop_back();
   }
-  std::vector<uint8_t> body(sizeof(GrantWire) + m.tags.size() * sizeof(uint32_t));
   GrantWire g{};
   g.status = kGranted;
   g.pieces = static_cast<uint32_t>(m.tags.size());
@@ -342,21 +416,139 @@ void PointToPoint::grant(Matched& m) {
       const uint64_t off = i * g.piece_bytes;
       m.ops.push_back(engine_.expect(p, m.tags[i], std::min(g.piece_bytes, r.bytes - off)));
     }
-    std::memcpy(body.data(), &g, sizeof g);
-    std::memcpy(body.data() + sizeof g, m.tags.data(), m.tags.size() * sizeof(uint32_t));
-    control(p, ControlType::kP2PGrant, m.seq, 0, body.data(), body.size());
+    try {
+      lend(p);  // the pair's first GRANT lends the sender its eager slots
+    } catch (const Error& e) {  // its messages go by rendezvous
+      MAESTRO_WARN("point to point: no eager slots for rank ", p, ": ", e.what());
+      eager_refused_[p] = 1;
+    }
+    grantTo(p, m.seq, &g, m.tags);
   } catch (const Error& e) {
     finish(m.recv, error(strcat("maestro recv from rank ", p, " (tag ", r.tag, "): ", e.what())));
   }
 }
 
+void PointToPoint::lend(int peer) {
+  Lending& l = lending_[peer];
+  if (eager_bytes_ == 0 || l.lent() || eager_refused_[peer] ||
+      free_tags_[peer].size() < static_cast<size_t>(kSlots))
+    return;
+  const uint64_t bytes = eager_bytes_ * kSlots;
+  auto memory = std::make_unique<uint8_t[]>(bytes);
+  Region region = engine_.registerMemory(memory.get(), bytes);
+  try {
+    l.key = engine_.expose(region);
+  } catch (...) {
+    engine_.deregisterMemory(region);
+    throw;
+  }
+  l.memory = std::move(memory);
+  l.region = region;
+  for (int i = 0; i < kSlots; ++i) {
+    l.tags.push_back(free_tags_[peer].back());
+    free_tags_[peer].pop_back();
+  }
+  l.released.assign(kSlots, 0);
+  l.busy.assign(kSlots, 0);
+}
+
+void PointToPoint::releaseSlot(int peer, int slot) {
+  Lending& l = lending_[peer];
+  engine_.recycleTag(peer, l.tags[slot]);
+  l.busy[slot] = 0;
+  ++l.released[slot];  // told with the next GRANT or ACCEPT to the peer
+}
+
+void PointToPoint::grantTo(int peer, uint64_t seq, const void* grant, const std::vector<uint32_t>& tags) {
+  GrantWire g;
+  std::memcpy(&g, grant, sizeof g);
+  const Lending& l = lending_[peer];
+  const bool tell = l.lent() && !told_slots_[peer];
+  if (tell) g.flags |= kLendsSlots;
+  std::vector<uint8_t> body(sizeof g + tags.size() * sizeof(uint32_t) + sizeof(ReleasedWire) +
+                            (tell ? sizeof(SlotsWire) : 0));
+  uint8_t* at = body.data();
+  std::memcpy(at, &g, sizeof g);
+  at += sizeof g;
+  if (!tags.empty()) std::memcpy(at, tags.data(), tags.size() * sizeof(uint32_t));
+  at += tags.size() * sizeof(uint32_t);
+  ReleasedWire released{};
+  for (int i = 0; i < kSlots && l.lent(); ++i) released.released[i] = l.released[i];
+  std::memcpy(at, &released, sizeof released);
+  at += sizeof released;
+  if (tell) {
+    SlotsWire w{};
+    w.region_id = l.region.id;
+    w.slots = kSlots;
+    w.key = l.key;
+    w.addr = reinterpret_cast<uint64_t>(l.region.addr);
+    w.length = l.region.length;
+    w.slot_bytes = eager_bytes_;
+    for (int i = 0; i < kSlots; ++i) w.tags[i] = l.tags[i];
+    std::memcpy(at, &w, sizeof w);
+  }
+  control(peer, ControlType::kP2PGrant, seq, 0, body.data(), body.size());
+  if (tell) told_slots_[peer] = 1;
+}
+
+void PointToPoint::readLending(int peer, const uint8_t* trailer, size_t length) {
+  Borrowing& b = borrowing_[peer];
+  ReleasedWire released;
+  std::memcpy(&released, trailer, sizeof released);
+  if (length == sizeof released + sizeof(SlotsWire) && b.tags.empty()) {
+    SlotsWire w;
+    std::memcpy(&w, trailer + sizeof released, sizeof w);
+    bool ok = w.slots == static_cast<uint32_t>(kSlots) && w.slot_bytes > 0 && w.slot_bytes % 64 == 0 &&
+              w.length >= w.slot_bytes * kSlots;
+    for (int i = 0; i < kSlots; ++i) ok = ok && multipath::isP2PTag(w.tags[i]);
+    if (!ok) {
+      MAESTRO_WARN("malformed eager slots from rank ", peer, " ignored: its messages go by rendezvous");
+    } else {
+      b.region = RemoteRegion{w.region_id, w.key, w.addr, w.length};
+      b.slot_bytes = w.slot_bytes;
+      b.tags.assign(w.tags, w.tags + kSlots);
+      b.uses.assign(kSlots, 0);
+      b.released.assign(kSlots, 0);
+    }
+  }
+  // A count only grows: a re-sent copy of an older GRANT gives nothing back twice.
+  for (size_t i = 0; i < b.tags.size(); ++i)
+    b.released[i] = std::max(b.released[i], std::min(released.released[i], b.uses[i]));
+}
+
+bool PointToPoint::sendEager(Send& s) {
+  Borrowing& b = borrowing_[s.peer];
+  if (b.tags.empty() || s.bytes == 0 || s.bytes > b.slot_bytes) return false;
+  const int slot = b.freeSlot();
+  if (slot < 0) return false;
+  const uint64_t use = ++b.uses[slot];
+  s.slot = slot;
+  s.writes.push_back(engine_.write(s.peer, s.buffer.region, s.buffer.base, b.region, slot * b.slot_bytes, s.bytes,
+                                   b.tags[slot]));
+  EagerReadyWire w{s.bytes, static_cast<uint32_t>(slot), 0, use};
+  control(s.peer, ControlType::kP2PReady, s.seq, s.tag, &w, sizeof w);
+  eager_sent_.fetch_add(1);
+  return true;
+}
+
 void PointToPoint::onGrant(multipath::P2PMessage& msg) {
   const int p = msg.peer;
+  // Whatever it answers, a well-formed GRANT says which lent slots are free.
+  GrantWire g{};
+  bool well_formed = msg.body.size() >= sizeof g;
+  if (well_formed) {
+    std::memcpy(&g, msg.body.data(), sizeof g);
+    const size_t tags_end = sizeof g + static_cast<size_t>(g.pieces) * sizeof(uint32_t);
+    well_formed = g.pieces <= kMaxPieces &&
+                  msg.body.size() == tags_end + sizeof(ReleasedWire) + (g.flags & kLendsSlots ? sizeof(SlotsWire) : 0);
+    if (well_formed) readLending(p, msg.body.data() + tags_end, msg.body.size() - tags_end);
+  }
   auto it = sends_[p].find(msg.seq);
   if (it == sends_[p].end()) {
     // A send that gave up before this GRANT: tell the receiver, which
     // would otherwise wait for the data. (Else: a copy of a GRANT for a
-    // send already done.)
+    // send already done, or the ACCEPT of an eager one that gave up and
+    // said so.)
     if (cancelled_[p].erase(msg.seq)) {
       uint32_t status = kDoneCancelled;
       try {
@@ -367,17 +559,29 @@ void PointToPoint::onGrant(multipath::P2PMessage& msg) {
     return;
   }
   auto s = it->second;
-  if (s->granted) return;  // a copy
-  GrantWire g{};
+  if (s->granted || s->accepted) return;  // a copy
   const std::string what = strcat("maestro send to rank ", p, " (tag ", s->tag, ", ", s->bytes, " bytes)");
-  if (msg.body.size() < sizeof g) {
+  if (!well_formed) {
     finish(s, error(strcat(what, ": malformed GRANT from rank ", p)));
     return;
   }
-  std::memcpy(&g, msg.body.data(), sizeof g);
   if (g.status == kSizeMismatch) {
-    finish(s, error(strcat(what, ": the matching recv on rank ", p, " has a buffer of ", g.recv_bytes,
-                           " bytes; sizes must agree")));
+    auto refused = error(strcat(what, ": the matching recv on rank ", p, " has a buffer of ", g.recv_bytes,
+                                " bytes; sizes must agree"));
+    if (s->slot < 0) {
+      finish(s, refused);
+      return;
+    }
+    s->accepted = true;  // eager: finished once its write is over (progress)
+    s->accept_error = refused;
+    return;
+  }
+  if (s->slot >= 0) {
+    if (g.status != kEagerTaken || g.pieces != 0 || g.recv_bytes != s->bytes) {
+      finish(s, error(strcat(what, ": malformed ACCEPT from rank ", p)));
+      return;
+    }
+    s->accepted = true;
     return;
   }
   if (g.status == kTooLarge) {
@@ -385,8 +589,7 @@ void PointToPoint::onGrant(multipath::P2PMessage& msg) {
     return;
   }
   const uint64_t pieces = s->bytes == 0 || g.piece_bytes == 0 ? 0 : (s->bytes + g.piece_bytes - 1) / g.piece_bytes;
-  if (g.status != kGranted || g.pieces != pieces || msg.body.size() != sizeof g + pieces * sizeof(uint32_t) ||
-      g.recv_bytes != s->bytes) {
+  if (g.status != kGranted || g.pieces != pieces || g.recv_bytes != s->bytes) {
     finish(s, error(strcat(what, ": malformed GRANT from rank ", p)));
     return;
   }
@@ -413,18 +616,28 @@ void PointToPoint::onGrant(multipath::P2PMessage& msg) {
 
 void PointToPoint::onDone(const multipath::P2PMessage& msg) {
   const int p = msg.peer;
-  auto it = matched_[p].find(msg.seq);
-  if (it == matched_[p].end()) return;  // a copy
-  auto m = it->second;
   uint32_t status = kDoneOk;
   if (msg.body.size() == sizeof status) std::memcpy(&status, msg.body.data(), sizeof status);
+  auto it = matched_[p].find(msg.seq);
+  if (it == matched_[p].end()) {
+    // An eager message no recv took, whose sender gave up: its slot is free.
+    auto u = std::find_if(unexpected_.begin(), unexpected_.end(),
+                          [&](const Ready& r) { return r.peer == p && r.seq == msg.seq && r.slot >= 0; });
+    if (status == kDoneCancelled && u != unexpected_.end()) {
+      const int slot = u->slot;
+      unexpected_.erase(u);
+      releaseSlot(p, slot);
+    }
+    return;  // else a copy
+  }
+  auto m = it->second;
   if (status == kDoneCancelled && !m->recv->finished)
     finish(m->recv, error(strcat("maestro recv from rank ", p, " (tag ", m->recv->tag, "): rank ", p,
                                  " gave up its send (it timed out before this recv matched it)")));
   m->sender_done = true;
   if (m->recv->finished) {
     matched_[p].erase(it);
-    freeTags(p, m->ops.empty() ? std::vector<uint32_t>{} : m->tags);
+    over(p, *m);
   }
 }
 
@@ -447,11 +660,32 @@ void PointToPoint::freeTags(int peer, const std::vector<uint32_t>& tags) {
   }
 }
 
+void PointToPoint::over(int peer, const Matched& m) {
+  if (m.slot >= 0) releaseSlot(peer, m.slot);
+  else freeTags(peer, m.ops.empty() ? std::vector<uint32_t>{} : m.tags);
+}
+
+void PointToPoint::accept(Matched& m) {
+  Recv& r = *m.recv;
+  const Lending& l = lending_[m.peer];
+  if (r.bytes) std::memcpy(static_cast<uint8_t*>(r.buffer.region.addr) + r.buffer.base,
+                           l.memory.get() + static_cast<uint64_t>(m.slot) * eager_bytes_, r.bytes);
+  GrantWire g{};
+  g.status = kEagerTaken;
+  g.recv_bytes = r.bytes;
+  try {
+    grantTo(m.peer, m.seq, &g, {});
+  } catch (const Error&) {  // the peer is gone: its send fails on its own
+  }
+}
+
 void PointToPoint::finish(std::shared_ptr<Send> s, std::exception_ptr err) {
   if (s->finished) return;
   s->finished = true;
   sends_[s->peer].erase(s->seq);
-  if (err && !s->granted) cancelled_[s->peer].insert(s->seq);
+  // A rendezvous send that gave up answers a later GRANT with DONE(cancelled);
+  // an eager one said so already.
+  if (err && !s->granted && s->slot < 0) cancelled_[s->peer].insert(s->seq);
   try {
     s->done(err, s->peer);
   } catch (...) {
@@ -497,30 +731,33 @@ void PointToPoint::progress(const std::vector<std::string>& lost) {
     for (auto& s : sends) {
       const std::string what = strcat("maestro send to rank ", p, " (tag ", s->tag, ", ", s->bytes, " bytes)");
       std::string why;
+      bool written = true;  // every write acknowledged (none read the buffer any more)
+      for (auto& w : s->writes) {
+        if (w->failed()) {
+          why = w->error();
+          break;
+        }
+        written = written && w->done();
+      }
+      auto done = [&](uint32_t status) {
+        try {
+          control(p, ControlType::kP2PDone, s->seq, 0, &status, sizeof status);
+        } catch (const Error&) {  // the receiver has the data; only its tags (or slot) stay taken
+        }
+      };
       if (stop_all) {
         finish(s, error(strcat(what, ": ", interrupted)));
-      } else if (s->granted) {
-        bool all = true;
-        for (auto& w : s->writes) {
-          if (w->failed()) {
-            why = w->error();
-            break;
-          }
-          all = all && w->done();
-        }
-        if (!why.empty()) {
-          finish(s, error(strcat(what, ": ", why)));
-        } else if (all) {
-          uint32_t status = kDoneOk;
-          try {
-            control(p, ControlType::kP2PDone, s->seq, 0, &status, sizeof status);
-          } catch (const Error&) {  // the receiver has the data; only its tags stay taken
-          }
-          finish(s, nullptr);
+      } else if (!why.empty()) {
+        finish(s, error(strcat(what, ": ", why)));
+      } else if (s->granted || (s->slot >= 0 && s->accepted)) {
+        if (written) {
+          done(kDoneOk);
+          finish(s, s->accept_error);
         }
       } else if (peerError(p, &why)) {
         finish(s, error(strcat(what, ": ", why)));
-      } else if (now >= s->deadline) {
+      } else if (now >= s->deadline && (s->slot < 0 || written)) {  // eager: once its write is over
+        if (s->slot >= 0) done(kDoneCancelled);  // the receiver drops it unless a recv took it
         finish(s, std::make_exception_ptr(TimeoutError(
                       strcat(what, " timed out: rank ", p, " did not post a matching recv"))));
       }
@@ -536,10 +773,11 @@ void PointToPoint::progress(const std::vector<std::string>& lost) {
       bool all = !m->ops.empty();
       for (auto& op : m->ops) all = all && op->done();
       if (all) {
+        if (m->slot >= 0) accept(*m);
         finish(m->recv, nullptr);
         if (m->sender_done) {
           matched_[p].erase(m->seq);
-          freeTags(p, m->tags);
+          over(p, *m);
         }
       } else if (stop_all) {
         finish(m->recv, error(strcat(what, ": ", interrupted)));
@@ -616,6 +854,17 @@ void PointToPoint::stop(const std::string& why) {
   }
   for (auto& r : posted_) finish(r, error(what));
   posted_.clear();
+  // The slots lent for eager messages: nothing lands in them any more.
+  for (auto& l : lending_) {
+    if (!l.lent()) continue;
+    try {
+      engine_.conceal(l.region);
+      engine_.deregisterMemory(l.region);
+    } catch (const std::exception& e) {
+      MAESTRO_WARN("point to point: giving back the eager slots: ", e.what());
+    }
+    l.region = Region{};
+  }
 }
 
 }  // namespace collectives

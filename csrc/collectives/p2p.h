@@ -24,8 +24,33 @@
 // Every control message may arrive twice (failover re-sends it): each is
 // acted on once, by its number. A send that gave up (deadline) answers a
 // later GRANT with DONE(cancelled), so its receiver fails instead of waiting.
+//
+// Eager: a message of up to MAESTRO_EAGER_SIZE bytes skips the round trip
+// before its data. Each receiver lends each sender kEagerSlots slots of
+// that size in memory it keeps exposed (announced with its first GRANT to
+// that sender); the sender writes a small message straight into a free
+// slot and says so in its READY:
+//
+//   sender                         receiver
+//   writes into slot s    ------>  lands in the slot
+//   READY(n, s)           ------>  matched like any READY; once the data
+//                                  has landed it is copied into the recv's
+//                         <------  buffer: ACCEPT(n) (a GRANT saying so, or
+//                                  refusing a size that does not match)
+//   DONE(n)               ------>  slot s may take another message
+//
+// so a recv completes half a round trip after the send was posted, and the
+// send once the receiver took it (sizes are still checked on both sides),
+// a round trip instead of two. The receiver tells the sender which slots
+// are free again in every GRANT and ACCEPT as per-slot counts of the uses
+// it released, which a re-sent copy cannot take back. A message larger than
+// a slot, the pair's first one (no slots lent yet), and any while every
+// slot is taken go by the rendezvous above. A send that gives up after
+// writing its slot says DONE(cancelled): a recv not yet matched never sees
+// it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -72,6 +97,11 @@ class PointToPoint {
   // Largest message piece: one engine message per piece (its chunk index
   // must fit the immediate).
   uint64_t pieceBytes() const;
+  // Messages this rank sent eager, so far (for tests and statistics).
+  uint64_t eagerSent() const { return eager_sent_.load(); }
+
+  // Slots a receiver lends each sender for eager messages.
+  static constexpr int kEagerSlots = 4;
 
  private:
   struct Send;
@@ -81,6 +111,26 @@ class PointToPoint {
     uint64_t seq;
     uint32_t tag;
     uint64_t bytes;
+    int slot = -1;  // eager: the lent slot its data is written into
+  };
+  // Receiver side, per sender: the slots this rank lends it.
+  struct Lending {
+    std::unique_ptr<uint8_t[]> memory;
+    Region region;
+    uint64_t key = 0;
+    std::vector<uint32_t> tags;       // one engine tag per slot, kept for good
+    std::vector<uint64_t> released;   // per slot: uses given back
+    std::vector<char> busy;           // per slot: holds a message (READY taken, DONE not yet)
+    bool lent() const { return region.valid(); }
+  };
+  // Sender side, per receiver: the slots it lends this rank.
+  struct Borrowing {
+    RemoteRegion region;
+    uint64_t slot_bytes = 0;
+    std::vector<uint32_t> tags;
+    std::vector<uint64_t> uses;      // per slot: uses begun
+    std::vector<uint64_t> released;  // per slot: uses the receiver gave back
+    int freeSlot() const;            // -1: none
   };
   struct Matched;  // a recv matched with a READY, until the sender's DONE
 
@@ -99,6 +149,19 @@ class PointToPoint {
   void finish(std::shared_ptr<Send> s, std::exception_ptr error);
   void finish(std::shared_ptr<Recv> r, std::exception_ptr error);
   void freeTags(int peer, const std::vector<uint32_t>& tags);
+  // Eager (receiver): lend the peer its slots (once), give a slot back.
+  void lend(int peer);
+  void releaseSlot(int peer, int slot);
+  // A message over on both sides: its tags, or its slot, go back.
+  void over(int peer, const Matched& m);
+  // Eager (receiver): copy a landed message out of its slot, tell the sender.
+  void accept(Matched& m);
+  // Eager (sender): write s into a borrowed slot and say READY; false: no slot.
+  bool sendEager(Send& s);
+  // A GRANT or ACCEPT to `peer`: g and the piece tags, then what this rank
+  // lends it (the released counts; the slots themselves where not yet told).
+  void grantTo(int peer, uint64_t seq, const void* grant, const std::vector<uint32_t>& tags);
+  void readLending(int peer, const uint8_t* trailer, size_t length);
   void control(int peer, multipath::ControlType type, uint64_t seq, uint32_t sub, const void* body = nullptr,
                size_t length = 0);
 
@@ -125,6 +188,12 @@ class PointToPoint {
   std::vector<std::deque<std::shared_ptr<Matched>>> want_tags_;       // per peer: matched, no tags free yet
   std::vector<std::vector<uint32_t>> free_tags_;            // per peer
   std::vector<char> awaiting_;                              // per peer: told the engine we wait on it
+  const uint64_t eager_bytes_;                              // MAESTRO_EAGER_SIZE: a slot (0: off)
+  std::vector<Lending> lending_;                            // per peer (the thread's; stop() gives them back)
+  std::vector<char> told_slots_;                            // per peer: its slots were announced
+  std::vector<char> eager_refused_;                         // per peer: lending its slots failed (not tried again)
+  std::vector<Borrowing> borrowing_;                        // per peer
+  std::atomic<uint64_t> eager_sent_{0};
 };
 
 }  // namespace collectives

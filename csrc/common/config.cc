@@ -317,6 +317,16 @@ std::vector<Knob> schedulingKnobs() {
        "policy=latency: messages up to this many bytes take the lowest-RTT path", true,
        [](const Config& c) { return std::to_string(c.small_msg); },
        [](Config& c, const std::string& v) { c.small_msg = parseSize("MAESTRO_SMALL_MSG", v); }},
+      {"eager_size", "MAESTRO_EAGER_SIZE", "64K",
+       "point to point: a message up to this many bytes is written at once into a slot its receiver lends the "
+       "sender, and copied out when a recv takes it, without the READY/GRANT round trip before the data; larger "
+       "ones, and any while every slot is taken, wait for the receiver's buffer (K/M suffixes; at most 1M; 0: off)",
+       false, [](const Config& c) { return std::to_string(c.eager_size); },
+       [](Config& c, const std::string& v) {
+         const size_t s = parseSize("MAESTRO_EAGER_SIZE", v);
+         MAESTRO_CHECK(s <= (size_t(1) << 20), "MAESTRO_EAGER_SIZE=", s, " is out of range [0, 1M]");
+         c.eager_size = s;
+       }},
       {"busy_poll", "MAESTRO_BUSY_POLL", "0",
        "spin instead of sleeping while waiting for completions (verbs: the completion queue; tcp: the "
        "process's event loop, while any of its groups asks): lower latency, one core kept busy", false,

@@ -307,8 +307,8 @@ TEST(EngineFailover, ADeadPathReportAboutALiveConnectionDoesNotCloseIt) {
     EXPECT_EQ(0u, s.errors) << "path " << s.path << " was closed on a stale report:\n" << a.pathTable();
     EXPECT_EQ(0u, s.reconnects) << a.pathTable();
   }
-  // ...and carries data.
-  const uint64_t count = 64 * 1024;
+  // ...and carries data (a tensor the ring takes: two messages, one per path).
+  const uint64_t count = 256 * 1024;
   std::vector<std::vector<float>> data(2, std::vector<float>(count, 1.0f));
   errors = runRanks(2, [&](int r) {
     Engine& e = *engines[r];

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "collectives/p2p.h"
 #include "common/error.h"
@@ -26,8 +27,9 @@ using testing::MemoryRendezvous;
 using testing::runRanks;
 
 struct World {
-  World(int n, uint64_t piece = 0) : engines(n), p2p(n) {
+  World(int n, uint64_t piece = 0, std::map<std::string, std::string> extra = {}) : engines(n), p2p(n) {
     std::map<std::string, std::string> opts{{"chunk_size", "4K"}, {"paths", "4"}};
+    for (const auto& kv : extra) opts[kv.first] = kv.second;
     auto errors = runRanks(n, [&](int r) {
       engines[r] = std::make_unique<multipath::Engine>(opts, store, r, n, after(30));
       p2p[r] = std::make_unique<PointToPoint>(*engines[r], piece);
@@ -231,6 +233,166 @@ TEST(P2PErrors, BadRanksAndUnmatchedMessages) {
   Outcome late;
   w.p2p[1]->recv(0, 5, b3.window, 8, after(20), late.callback());
   EXPECT_NE(std::string::npos, late.wait(30).find("gave up its send")) << late.error;
+}
+
+// ---------------------------------------------------------------- eager
+
+// One message from `from` to `to` (both threads' parts; the other ranks do
+// nothing): the recv posted first or the send, the received bytes checked.
+void exchange(World& w, int from, int to, size_t bytes, uint32_t tag, int salt, bool recv_first) {
+  auto errors = runRanks(static_cast<int>(w.engines.size()), [&](int r) {
+    if (r != from && r != to) return;
+    auto& e = *w.engines[r];
+    Buffer b(e, bytes, 0x55);
+    Outcome o;
+    if (r == from) {
+      b.fill(pattern(bytes, from, salt));
+      if (recv_first) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      w.p2p[r]->send(to, tag, b.window, bytes, after(30), o.callback());
+    } else {
+      if (!recv_first) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      w.p2p[r]->recv(from, tag, b.window, bytes, after(30), o.callback());
+    }
+    MAESTRO_CHECK(o.wait() == "", "rank ", r, ": ", o.error);
+    if (r == to) MAESTRO_CHECK(b.data == pattern(bytes, from, salt), "wrong bytes, message ", salt);
+  });
+  for (auto& err : errors) ASSERT_EQ("", errorText(err)) << bytes << " bytes, message " << salt;
+}
+
+// The pair's first message goes by rendezvous and lends the sender its
+// slots; small ones after it go eager, the recv posted before or after, and
+// one above the slot size by rendezvous again; every byte exact.
+TEST(P2PEager, SmallMessagesAfterThePairsFirstGoEager) {
+  World w(2);
+  exchange(w, 0, 1, 100, 1, 0, true);
+  EXPECT_EQ(0u, w.p2p[0]->eagerSent()) << "no slots are lent before the pair's first GRANT";
+  int salt = 1;
+  for (size_t bytes : {1ul, 4095ul, 4097ul, 65536ul})
+    for (bool recv_first : {true, false}) exchange(w, 0, 1, bytes, 1, salt++, recv_first);
+  EXPECT_EQ(8u, w.p2p[0]->eagerSent());
+  exchange(w, 0, 1, 65537, 1, salt++, true);  // larger than a slot
+  exchange(w, 0, 1, 0, 1, salt++, true);      // empty: nothing to write
+  EXPECT_EQ(8u, w.p2p[0]->eagerSent());
+  exchange(w, 1, 0, 64, 1, salt++, true);  // the other direction: its own first GRANT
+  exchange(w, 1, 0, 64, 1, salt++, false);
+  EXPECT_EQ(1u, w.p2p[1]->eagerSent());
+}
+
+TEST(P2PEager, OffMeansEveryMessageByRendezvous) {
+  World w(2, 0, {{"eager_size", "0"}});
+  for (int i = 0; i < 4; ++i) exchange(w, 0, 1, 1000, 1, i, i % 2);
+  EXPECT_EQ(0u, w.p2p[0]->eagerSent());
+}
+
+// More sends than slots before any recv: the first go eager, the rest wait
+// for the receiver's buffer; the recvs, posted later, take them all in order.
+TEST(P2PEager, MoreMessagesThanSlotsStayInOrder) {
+  World w(2);
+  exchange(w, 0, 1, 100, 1, 0, true);
+  const int kMessages = 3 * PointToPoint::kEagerSlots;
+  auto errors = runRanks(2, [&](int r) {
+    auto& e = *w.engines[r];
+    std::vector<std::unique_ptr<Buffer>> bufs;
+    std::vector<std::unique_ptr<Outcome>> outs;
+    for (int i = 0; i < kMessages; ++i) {
+      bufs.push_back(std::make_unique<Buffer>(e, 3000, 0));
+      outs.push_back(std::make_unique<Outcome>());
+      if (r == 0) {
+        bufs.back()->fill(pattern(3000, 0, i));
+        w.p2p[0]->send(1, 9, bufs.back()->window, 3000, after(30), outs.back()->callback());
+      }
+    }
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // every send posted, none taken
+      for (int i = 0; i < kMessages; ++i)
+        w.p2p[1]->recv(0, 9, bufs[i]->window, 3000, after(30), outs[i]->callback());
+    }
+    for (int i = 0; i < kMessages; ++i) {
+      MAESTRO_CHECK(outs[i]->wait() == "", "message ", i, ": ", outs[i]->error);
+      if (r == 1) MAESTRO_CHECK(bufs[i]->data == pattern(3000, 0, i), "message ", i, " wrong or out of order");
+    }
+  });
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  EXPECT_GE(w.p2p[0]->eagerSent(), static_cast<uint64_t>(PointToPoint::kEagerSlots));
+  EXPECT_LT(w.p2p[0]->eagerSent(), static_cast<uint64_t>(kMessages)) << "more eager messages than slots";
+  // Every slot came back: a long run of eager messages goes on.
+  const uint64_t before = w.p2p[0]->eagerSent();
+  for (int i = 0; i < 3 * PointToPoint::kEagerSlots; ++i) exchange(w, 0, 1, 64, 2, i, i % 2);
+  EXPECT_GT(w.p2p[0]->eagerSent(), before);
+}
+
+// An eager message whose recv has another size fails both sides, naming
+// both sizes; its slot comes back.
+TEST(P2PEager, ASizeMismatchFailsBothSidesAndTheSlotComesBack) {
+  World w(2);
+  exchange(w, 0, 1, 100, 1, 0, true);
+  for (int round = 0; round < 2 * PointToPoint::kEagerSlots; ++round) {
+    auto errors = runRanks(2, [&](int r) {
+      auto& e = *w.engines[r];
+      Buffer b(e, r == 0 ? 100 : 99, 1);
+      Outcome o;
+      if (r == 0) w.p2p[0]->send(1, 0, b.window, 100, after(30), o.callback());
+      else w.p2p[1]->recv(0, 0, b.window, 99, after(30), o.callback());
+      std::string err = o.wait();
+      MAESTRO_CHECK(err.find("100") != std::string::npos && err.find("99") != std::string::npos, "rank ", r, ": '",
+                    err, "'");
+    });
+    for (auto& err : errors) ASSERT_EQ("", errorText(err)) << "round " << round;
+  }
+  EXPECT_GE(w.p2p[0]->eagerSent(), static_cast<uint64_t>(PointToPoint::kEagerSlots) + 1) << "slots not given back";
+  exchange(w, 0, 1, 64, 0, 1, true);
+}
+
+// An eager send no recv takes gives up at its deadline, after its write is
+// over, and tells the receiver, which drops it: a recv posted later takes
+// the next message. Its slot comes back: the counts of released slots ride
+// on the receiver's next GRANT or ACCEPT, so once every slot was taken by
+// a send that gave up, one message goes by rendezvous and the next eager.
+TEST(P2PEager, ASendNoRecvTookGivesUpAndIsNotSeenLater) {
+  World w(2);
+  exchange(w, 0, 1, 100, 1, 0, true);
+  auto& e0 = *w.engines[0];
+  for (int i = 0; i < PointToPoint::kEagerSlots; ++i) {
+    Buffer b(e0, 8, 0);
+    Outcome s;
+    w.p2p[0]->send(1, 5, b.window, 8, after(0.3), s.callback());
+    EXPECT_NE(std::string::npos, s.wait(10).find("did not post a matching recv")) << s.error;
+  }
+  EXPECT_EQ(static_cast<uint64_t>(PointToPoint::kEagerSlots), w.p2p[0]->eagerSent());
+  exchange(w, 0, 1, 48, 5, 7, false);  // no slot known free: rendezvous; the recv takes this one
+  EXPECT_EQ(static_cast<uint64_t>(PointToPoint::kEagerSlots), w.p2p[0]->eagerSent());
+  exchange(w, 0, 1, 48, 5, 8, true);  // its GRANT gave the slots back
+  EXPECT_EQ(static_cast<uint64_t>(PointToPoint::kEagerSlots) + 1, w.p2p[0]->eagerSent());
+}
+
+// A path closed while eager messages flow both ways: their chunks go again
+// on the other paths; every message exact, none lost or taken twice.
+TEST(P2PEager, APathClosedMidStreamLosesNothing) {
+  World w(2);
+  exchange(w, 0, 1, 100, 1, 0, true);
+  exchange(w, 1, 0, 100, 1, 0, true);
+  const int kRounds = 400;
+  std::atomic<bool> closed{false};
+  auto errors = runRanks(2, [&](int r) {
+    auto& e = *w.engines[r];
+    Buffer out(e, 20000, 0), in(e, 20000, 0);
+    for (int i = 0; i < kRounds; ++i) {
+      if (r == 0 && i == kRounds / 3) {
+        e.transport().closePath(1, 0, "closed by the test");
+        closed = true;
+      }
+      out.fill(pattern(20000, r, i));
+      Outcome s, g;
+      w.p2p[r]->recv(1 - r, 3, in.window, 20000, after(30), g.callback());
+      w.p2p[r]->send(1 - r, 3, out.window, 20000, after(30), s.callback());
+      MAESTRO_CHECK(s.wait() == "", "rank ", r, " send ", i, ": ", s.error);
+      MAESTRO_CHECK(g.wait() == "", "rank ", r, " recv ", i, ": ", g.error);
+      MAESTRO_CHECK(in.data == pattern(20000, 1 - r, i), "rank ", r, ": message ", i, " wrong");
+    }
+  });
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  EXPECT_TRUE(closed);
+  EXPECT_GT(w.p2p[0]->eagerSent(), static_cast<uint64_t>(kRounds / 2));
 }
 
 }  // namespace

@@ -94,7 +94,9 @@ TEST(SharedPaths, SubgroupsRunBesideTheWorldOnItsPathsOnly) {
   const auto threads = maestroThreads();
   Engines evens = subgroup(w, {0, 2}, twoPaths(), evens_store);
   Engines odds = subgroup(w, {1, 3}, twoPaths(), odds_store);
-  Engines rev = subgroup(w, {3, 2, 1, 0}, twoPaths(), rev_store);
+  auto ring = twoPaths();
+  ring["algo"] = "allreduce:ring";  // the statistics below are the ring's (the tuner would take another)
+  Engines rev = subgroup(w, {3, 2, 1, 0}, ring, rev_store);
   // One channel per group on each rank: evens and odds share no rank, so
   // both take the first free one; the reversed group the next.
   for (auto& e : evens) EXPECT_EQ(1u, e->channel());

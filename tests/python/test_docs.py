@@ -89,6 +89,8 @@ def test_sizes_and_counts_the_readme_quotes_are_the_codes():
               f"and reduce above {direct})", f"a reduce of up to {direct}",
               f"direct: every rank writes straight into the root's scratch, up to {direct}"]
     across, one = kib(c["recursive_doubling_bytes_across_hosts"]), kib(c["recursive_doubling_bytes_one_host"])
+    claims += [f"each receiver lends each sender {c['eager_slots']} slots of that size",
+               f"any while the {c['eager_slots']} slots are taken go by the round trip"]
     claims += [f"small tensors by recursive doubling (up to {across} across hosts, {one} on one host:",
                f"up to {across} across hosts and {one} on one host |"]
     missing = [x for x in claims if x not in readme]
