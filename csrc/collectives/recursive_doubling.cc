@@ -117,14 +117,18 @@ void allreduceRecursiveDoubling(OpContext& ctx, const Window& tensor, uint64_t c
     }
   };
   // Combine a partner's partial (in a slot of ours) with ours, the lower
-  // ranks' first: where the partner is the lower, the slot takes the result.
+  // ranks' first. The slot is only read: a copy of a chunk re-sent after a
+  // failover may still land in it (the same bytes), so where the partner is
+  // the lower its partial is combined in a copy of our own.
+  std::vector<uint8_t> lower;
   auto combine = [&](uint64_t slot, int other) {
-    uint8_t* theirs_at = slots + slot;
+    const uint8_t* theirs_at = slots + slot;
     if (other > me) {
       reduceInto(dtype, op, acc, theirs_at, count);
     } else {
-      reduceInto(dtype, op, theirs_at, acc, count);
-      std::memcpy(acc, theirs_at, bytes);
+      lower.assign(theirs_at, theirs_at + bytes);
+      reduceInto(dtype, op, lower.data(), acc, count);
+      std::memcpy(acc, lower.data(), bytes);
     }
   };
 
