@@ -18,7 +18,7 @@ Experiments (paper figure):
                            chunk per path, a mid-size ring step sent chunk by chunk) beside
                            MAESTRO_MIN_CHUNK_SIZE=256K (whole chunks and steps), adaptive and round_robin,
                            interleaved trials in rotating order
-    tuner         -        allreduce 4 KiB-1 MiB: auto, ring, recursive doubling, gloo; lab, 4, 6 and 8 ranks on loopback
+    tuner         -        allreduce 64 B-1 MiB: auto, ring, recursive doubling, gloo; lab, 4, 6 and 8 ranks on loopback
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: ResNet-50's sync and training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
@@ -293,7 +293,7 @@ def exp_tuner(ctx):
     the variants and running every setting; a cell runs 20 timed iterations
     (1 MiB: as many as the budget plans) after its warm-up."""
     import footprint
-    sizes = "16K,256K" if ctx.quick else "4K,8K,16K,64K,256K,512K,1M"
+    sizes = "16K,256K" if ctx.quick else "64,1K,4K,8K,16K,64K,256K,512K,1M"
     variants = TUNER_VARIANTS
     trials = 1 if ctx.quick else 3
     # setting -> ranks on this host; 6: the ranks beyond a power of two folded in

@@ -68,6 +68,8 @@ def busbw_of_iter(it: dict, nbytes: int, world: int) -> float:
 
 
 def size_label(nbytes: int) -> str:
+    if nbytes < 1024:
+        return f"{nbytes} B"
     return f"{nbytes / 1024:g} KiB" if nbytes < 1 << 20 else f"{nbytes >> 20} MiB"
 
 

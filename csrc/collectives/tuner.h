@@ -65,9 +65,10 @@ Choice choose(const multipath::Engine& engine, OpKind kind, uint64_t bytes);
 // mid-size allreduce: the tuner's algorithm choice", scripts/bench.sh
 // --only tuner).
 // The ring's steps grow with n and recursive doubling's with log2(n), so
-// a larger group's crossover is higher: the limits hold for 4 ranks and
-// err towards the ring beyond.
-constexpr uint64_t kRecursiveDoublingAcrossHosts = 8 << 10;
+// a larger group's crossover should be higher; over loopback 6 and 8 ranks
+// crossed at 256 or 512 KiB from one run to the next, so one limit serves
+// every group size, erring towards the ring.
+constexpr uint64_t kRecursiveDoublingAcrossHosts = 4 << 10;
 constexpr uint64_t kRecursiveDoublingOneHost = 256 << 10;
 uint64_t recursiveDoublingLimit(int ranks, bool spans_hosts, const std::string& transport);
 // Largest reduce sent straight to its root.
