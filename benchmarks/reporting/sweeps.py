@@ -371,7 +371,7 @@ def sec_tuner(rec, out):
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(LogFormatter())  # 20, not 2 x 10^1
         ax.yaxis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.4)))
-        ax.set_xticks(sizes, [size_label(b) for b in sizes], fontsize=7)
+        ax.set_xticks(sizes, [size_label(b) for b in sizes], fontsize=7, rotation=45)
         ax.set_xlabel("bytes")
         ax.set_ylabel("allreduce time (ms)")
         ax.set_title(f"{key}, {trials[0].get('world', '?')} ranks")
