@@ -361,7 +361,11 @@ void PointToPoint::match(std::shared_ptr<Recv> r, const Ready& ready) {
     try {
       if (refused.empty()) {
         m->ops.push_back(engine_.expect(p, m->tags[0], ready.bytes));
-        return;  // progress() copies it out once it has landed
+        // Taken: the sender hears it while the data lands (its send ends
+        // once its write is acknowledged too); progress() copies it out.
+        g.status = kEagerTaken;
+        grantTo(p, ready.seq, &g, {});
+        return;
       }
       grantTo(p, ready.seq, &g, {});
     } catch (const Error& e) {
@@ -665,18 +669,11 @@ void PointToPoint::over(int peer, const Matched& m) {
   else freeTags(peer, m.ops.empty() ? std::vector<uint32_t>{} : m.tags);
 }
 
-void PointToPoint::accept(Matched& m) {
+void PointToPoint::copyOut(const Matched& m) {
   Recv& r = *m.recv;
   const Lending& l = lending_[m.peer];
   if (r.bytes) std::memcpy(static_cast<uint8_t*>(r.buffer.region.addr) + r.buffer.base,
                            l.memory.get() + static_cast<uint64_t>(m.slot) * eager_bytes_, r.bytes);
-  GrantWire g{};
-  g.status = kEagerTaken;
-  g.recv_bytes = r.bytes;
-  try {
-    grantTo(m.peer, m.seq, &g, {});
-  } catch (const Error&) {  // the peer is gone: its send fails on its own
-  }
 }
 
 void PointToPoint::finish(std::shared_ptr<Send> s, std::exception_ptr err) {
@@ -773,7 +770,7 @@ void PointToPoint::progress(const std::vector<std::string>& lost) {
       bool all = !m->ops.empty();
       for (auto& op : m->ops) all = all && op->done();
       if (all) {
-        if (m->slot >= 0) accept(*m);
+        if (m->slot >= 0) copyOut(*m);
         finish(m->recv, nullptr);
         if (m->sender_done) {
           matched_[p].erase(m->seq);

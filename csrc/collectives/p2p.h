@@ -33,15 +33,16 @@
 //
 //   sender                         receiver
 //   writes into slot s    ------>  lands in the slot
-//   READY(n, s)           ------>  matched like any READY; once the data
-//                                  has landed it is copied into the recv's
-//                         <------  buffer: ACCEPT(n) (a GRANT saying so, or
-//                                  refusing a size that does not match)
+//   READY(n, s)           ------>  matched like any READY
+//                         <------  ACCEPT(n): a GRANT saying it was taken
+//                                  (or refusing a size that does not match);
+//                                  once the data has landed it is copied
+//                                  into the recv's buffer
 //   DONE(n)               ------>  slot s may take another message
 //
 // so a recv completes half a round trip after the send was posted, and the
-// send once the receiver took it (sizes are still checked on both sides),
-// a round trip instead of two. The receiver tells the sender which slots
+// send once the receiver took it and its write is acknowledged (sizes are
+// still checked on both sides), a round trip instead of two. The receiver tells the sender which slots
 // are free again in every GRANT and ACCEPT as per-slot counts of the uses
 // it released, which a re-sent copy cannot take back. A message larger than
 // a slot, the pair's first one (no slots lent yet), and any while every
@@ -154,8 +155,8 @@ class PointToPoint {
   void releaseSlot(int peer, int slot);
   // A message over on both sides: its tags, or its slot, go back.
   void over(int peer, const Matched& m);
-  // Eager (receiver): copy a landed message out of its slot, tell the sender.
-  void accept(Matched& m);
+  // Eager (receiver): copy a landed message out of its slot.
+  void copyOut(const Matched& m);
   // Eager (sender): write s into a borrowed slot and say READY; false: no slot.
   bool sendEager(Send& s);
   // A GRANT or ACCEPT to `peer`: g and the piece tags, then what this rank
