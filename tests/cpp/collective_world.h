@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/op.h"
@@ -31,6 +34,46 @@ struct World {
   }
   MemoryRendezvous store;
   std::vector<std::unique_ptr<multipath::Engine>> engines;
+};
+
+// Closes rank 0's paths to rank 1, one at a time, while the ranks run
+// `ops` operations (`started` counts them on rank 0), until a close made a
+// chunk go again on another path. A small chunk on loopback is
+// acknowledged within microseconds, so the one seen in flight may be
+// acknowledged before the close lands (the closing thread descheduled in
+// between): then nothing is sent again, and the next path is closed, up to
+// all but one. join() before reading what it saw.
+struct PathCloser {
+  PathCloser(World& w, const std::atomic<int>& started, int ops, int paths)
+      : thread([this, &w, &started, ops, paths] {
+          const auto until = after(60);
+          int path = 0;
+          while (started.load() < ops && Clock::now() < until && path < paths - 1) {
+            if (started.load() > 20 && w.engines[0]->inflightOn(1, path) > 0) {
+              w.engines[0]->transport().closePath(1, path, "closed by the test");
+              closed_mid_operation = closed_mid_operation || started.load() < ops;
+              const auto flushed = after(0.5);
+              while (resent(w) == 0 && Clock::now() < flushed)
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              if (resent(w) > 0) return;
+              ++path;
+            }
+            std::this_thread::yield();
+          }
+        }) {}
+  ~PathCloser() {
+    if (thread.joinable()) thread.join();
+  }
+  void join() { thread.join(); }
+  // Chunks sent again, every rank's paths.
+  static uint64_t resent(World& w) {
+    uint64_t sum = 0;
+    for (auto& e : w.engines)
+      for (const auto& s : e->pathStats()) sum += s.resent;
+    return sum;
+  }
+  bool closed_mid_operation = false;  // written by the thread, read after join()
+  std::thread thread;
 };
 
 // Empty tensors are not registered: an operation on them only handshakes.

@@ -518,11 +518,8 @@ TEST_P(Collectives, MidSizeRingsInSmallestChunksAreExact) {
 }
 
 // A path closed while mid-size rings in smallest chunks run back to back:
-// its chunks in flight are sent again on the others, every result exact.
-// A 4 KiB chunk on loopback is acknowledged within microseconds, so the one
-// seen in flight may be acknowledged before the close lands (the closing
-// thread descheduled in between). Then nothing is left to send again, and
-// the test closes the next path, up to all but one.
+// its chunks in flight are sent again on the others, every result exact
+// (testing::PathCloser).
 TEST(MidSizeRing, APathClosedMidPipelineLosesNothing) {
   const int n = 2, ops = 400, paths = 4;
   SpansHosts spans;
@@ -530,29 +527,8 @@ TEST(MidSizeRing, APathClosedMidPipelineLosesNothing) {
               {"algo", "allreduce:ring"}});
   const uint64_t count = 2 * 12000 / 4;  // blocks of 12000 bytes: 3 segments
   auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
-  auto resent = [&] {
-    uint64_t sum = 0;
-    for (auto& e : w.engines)
-      for (const auto& s : e->pathStats()) sum += s.resent;
-    return sum;
-  };
   std::atomic<int> started{0};
-  std::atomic<bool> closed_mid_operation{false};
-  std::thread closer([&] {
-    const auto until = after(60);
-    int path = 0;
-    while (started.load() < ops && Clock::now() < until && path < paths - 1) {
-      if (started.load() > 20 && w.engines[0]->inflightOn(1, path) > 0) {
-        w.engines[0]->transport().closePath(1, path, "closed by the test");
-        closed_mid_operation = closed_mid_operation || started.load() < ops;
-        const auto flushed = after(0.5);
-        while (resent() == 0 && Clock::now() < flushed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        if (resent() > 0) return;
-        ++path;
-      }
-      std::this_thread::yield();
-    }
-  });
+  testing::PathCloser closer(w, started, ops, paths);
   std::vector<int> wrong(n, 0);
   auto errors = runRanks(n, [&](int r) {
     auto& e = *w.engines[r];
@@ -568,9 +544,10 @@ TEST(MidSizeRing, APathClosedMidPipelineLosesNothing) {
   });
   closer.join();
   for (auto& err : errors) ASSERT_EQ("", errorText(err));
-  ASSERT_TRUE(closed_mid_operation) << "the path was not closed while the rings ran: the test proves nothing";
+  ASSERT_TRUE(closer.closed_mid_operation) << "the path was not closed while the rings ran: the test proves nothing";
   EXPECT_EQ(std::vector<int>(n, 0), wrong);
-  EXPECT_GT(resent(), 0u) << "no chunk was in flight on any of the " << paths - 1 << " closed paths";
+  EXPECT_GT(testing::PathCloser::resent(w), 0u) << "no chunk was in flight on any of the " << paths - 1
+                                                << " closed paths";
 }
 
 TEST(StagingOrder, BlocksInTheOrderTheRingFirstNeedsThemCutIntoWholeElementPieces) {

@@ -266,37 +266,15 @@ TEST(RecursiveDoublingTimeout, AMissingPartnerIsNamed) {
   EXPECT_NE(std::string::npos, what[1].find("timed out")) << what[1];
 }
 
-// A path closed while the exchanges run: its chunks go again on the others,
-// nothing is lost, every result exact; the closes go on until one caught a
-// chunk in flight (a chunk on loopback may be acknowledged before the close).
+// A path closed while the exchanges run: its chunks go again on the
+// others, nothing is lost, every result exact (testing::PathCloser).
 TEST(RecursiveDoublingFailover, APathClosedMidOperationLosesNothing) {
   const int n = 4, ops = 300, paths = 4;
   World w(n, {{"chunk_size", "4K"}, {"segment_size", "16K"}, {"paths", "4"}, {"algo", "recursive_doubling"}});
   const uint64_t count = 6000;  // 24000 bytes: 6 chunks a message
   auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
-  auto resent = [&] {
-    uint64_t sum = 0;
-    for (auto& e : w.engines)
-      for (const auto& s : e->pathStats()) sum += s.resent;
-    return sum;
-  };
   std::atomic<int> started{0};
-  std::atomic<bool> closed_mid_operation{false};
-  std::thread closer([&] {
-    const auto until = after(60);
-    int path = 0;
-    while (started.load() < ops && Clock::now() < until && path < paths - 1) {
-      if (started.load() > 20 && w.engines[0]->inflightOn(1, path) > 0) {
-        w.engines[0]->transport().closePath(1, path, "closed by the test");
-        closed_mid_operation = closed_mid_operation || started.load() < ops;
-        const auto flushed = after(0.5);
-        while (resent() == 0 && Clock::now() < flushed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        if (resent() > 0) return;
-        ++path;
-      }
-      std::this_thread::yield();
-    }
-  });
+  testing::PathCloser closer(w, started, ops, paths);
   std::vector<int> wrong(n, 0);
   auto errors = runRanks(n, [&](int r) {
     auto& e = *w.engines[r];
@@ -315,9 +293,10 @@ TEST(RecursiveDoublingFailover, APathClosedMidOperationLosesNothing) {
   });
   closer.join();
   for (auto& err : errors) ASSERT_EQ("", errorText(err));
-  ASSERT_TRUE(closed_mid_operation) << "the path was not closed while the operations ran: the test proves nothing";
+  ASSERT_TRUE(closer.closed_mid_operation) << "the path was not closed while the operations ran: the test proves nothing";
   EXPECT_EQ(std::vector<int>(n, 0), wrong);
-  EXPECT_GT(resent(), 0u) << "no chunk was in flight on any of the " << paths - 1 << " closed paths";
+  EXPECT_GT(testing::PathCloser::resent(w), 0u) << "no chunk was in flight on any of the " << paths - 1
+                                                << " closed paths";
 }
 
 }  // namespace
