@@ -347,6 +347,7 @@ def sec_tuner(rec, out):
         sizes = sorted({b for _, b in cells})
         med = {k: statistics.median(its) for k, (its, _) in cells.items()}
         label = d.get("settings", {}).get(key, key)
+        cpu = cpu_cells(trials)
         rows = []
         for b in sizes:
             forced = ("-" if not ring or not rd else
@@ -354,10 +355,13 @@ def sec_tuner(rec, out):
             rows.append([size_label(b)]
                         + [spread_cell(med[(v, b)] * 1e3, [x * 1e3 for x in cells[(v, b)][1]], "{:.3f}") for v in variants]
                         + [f"{med[(ring, b)] / med[(rd, b)]:.2f}" if ring and rd else "-", forced,
-                           f"{med[(auto, b)] / med[(gloo, b)]:.2f}" if auto and gloo else "-"])
+                           f"{med[(auto, b)] / med[(gloo, b)]:.2f}" if auto and gloo else "-"]
+                        + [f"{statistics.median(cpu[(v, b)]):.3g}" if cpu.get((v, b)) else "-"
+                           for v in (auto, gloo) if v])
         parts.append(f"**{key}**: {label}\n\n"
                      + table(["size"] + [f"{v} ms" for v in variants]
-                             + ["ring / recursive_doubling", "faster forced", "auto / gloo"], rows))
+                             + ["ring / recursive_doubling", "faster forced", "auto / gloo"]
+                             + [f"{v} CPU s/GB" for v in (auto, gloo) if v], rows))
         crossings.append(f"- {key}: {tuner_crossover(med, roles, sizes)}")
         wrong += sorted({f"{r['variant']} at {size_label(r['bytes'])} ({key})"
                          for run in trials for r in run["rows"] if r.get("exact") is False})
@@ -385,7 +389,9 @@ def sec_tuner(rec, out):
             f"timed iteration of {n} interleaved trial{'s' if n != 1 else ''} (each rotates the order of the "
             "variants; an iteration is timed on the slowest rank), in ms, with the min-max of the trials' "
             "medians; the ratios are of those medians (ring / recursive_doubling above 1: recursive doubling "
-            "is faster; auto / gloo below 1: maestro is faster). Every result was checked after the warm-up.\n\n"
+            "is faster; auto / gloo below 1: maestro is faster); CPU s/GB: each rank's CPU seconds (all its "
+            "threads, over the timed iterations) per GB of messages, the mean over ranks, median over trials. "
+            "Every result was checked after the warm-up.\n\n"
             + "\n\n".join(parts)
             + "\n\nThe largest size at which recursive_doubling was faster than ring, per setting:\n\n"
             + "\n".join(crossings)

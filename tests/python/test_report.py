@@ -363,16 +363,16 @@ def test_tuner_tables_show_each_algorithm_and_name_the_crossover(tmp_path):
     md = report.render({"tuner": rec}, str(tmp_path))
     assert "## Small and mid-size allreduce: the tuner's algorithm choice" in md
     header = ("| size | adaptive ms | adaptive@algo=ring ms | adaptive@algo=recursive_doubling ms | gloo ms "
-              "| ring / recursive_doubling | faster forced | auto / gloo |")
+              "| ring / recursive_doubling | faster forced | auto / gloo | adaptive CPU s/GB | gloo CPU s/GB |")
     assert md.count(header) == 2, md
     assert "**lab**: 4 ranks on the pinned lab" in md and "**loopback-8**: 8 ranks on this host over loopback" in md
     lab, loop = md.split("**loopback-8**")
     # median over every iteration (base x 1.05), the trials' medians' min-max (base, base x 1.1); ring /
     # recursive_doubling and auto / gloo of the medians
     assert ("| 64 KiB | 1.575 (1.500-1.650) | 1.890 (1.800-1.980) | 1.575 (1.500-1.650) | 5.250 (5.000-5.500) "
-            "| 1.20 | recursive_doubling | 0.30 |") in lab, lab
+            "| 1.20 | recursive_doubling | 0.30 | 1 | 1 |") in lab, lab
     assert ("| 1 MiB | 21.000 (20.000-22.000) | 21.000 (20.000-22.000) | 31.500 (30.000-33.000) "
-            "| 68.250 (65.000-71.500) | 0.67 | ring | 0.31 |") in lab, lab
+            "| 68.250 (65.000-71.500) | 0.67 | ring | 0.31 | 1 | 1 |") in lab, lab
     assert "| 4 KiB | 2.100 (2.000-2.200) | 2.100 (2.000-2.200) | 3.150 (3.000-3.300) |" in loop, loop
     assert "- lab: **64 KiB** (ring / recursive_doubling 1.20); ring faster from 1 MiB on\n" in md, md
     assert "- loopback-8: none: ring was faster at every size measured (4 KiB to 1 MiB)\n" in md, md
