@@ -148,7 +148,7 @@ TEST_P(RecursiveDoubling, EverySizeIsExactAndTheSameBitsOnEveryRank) {
         for (int q = 0; q < n; ++q) mean += 1.0 / (3 + i % 17 + 5 * q);
         ASSERT_NEAR(mean / n, noisy[r][i], 1e-6) << "rank " << r << " element " << i;
       }
-      ASSERT_EQ(0, std::memcmp(noisy[0].data(), noisy[r].data(), count * sizeof(float)))
+      ASSERT_TRUE(count == 0 || std::memcmp(noisy[0].data(), noisy[r].data(), count * sizeof(float)) == 0)
           << "rank " << r << " holds other bits than rank 0 (" << count << " elements)";
     }
   }
