@@ -195,10 +195,12 @@ def exp_p2p_alltoall(ctx):
     rank-1, batch_isend_irecv) and alltoall (all_to_all_single, equal
     splits), maestro's default policy beside the gloo peers and maestro on
     one path; alltoall also with two steps in flight (alltoall_window=2)
-    where the default has every step in flight."""
+    where the default has every step in flight, and with the path window
+    of 8 chunks (exchange_window=8) where the default across hosts holds 2
+    of its chunks a path."""
     sizes = "64K,16M" if ctx.quick else "64K,1M,16M,64M"
     variants = GLOO_PEERS + ("adaptive", "single")
-    extra = {"alltoall": ("adaptive@alltoall_window=2",)}
+    extra = {"alltoall": ("adaptive@alltoall_window=2", "adaptive@exchange_window=8")}
     runs = {}
     with ctx.lab("p2a", mode="pinned") as lab:
         for coll in ("sendrecv", "alltoall"):

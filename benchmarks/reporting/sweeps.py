@@ -207,7 +207,9 @@ def sec_p2p_alltoall(rec, out):
             "most 3/4 of the 4 core links. Cells: busbw median (min-max) over the iterations, each timed on the "
             "slowest rank; adaptive = maestro's default policy, single = maestro on one path, gloo-4dev = one "
             "gloo device per vNIC address, adaptive@alltoall_window=2 = the default policy with two all-to-all "
-            "steps in flight instead of every step. Every result was checked after the warm-up.\n\n"
+            "steps in flight instead of every step, adaptive@exchange_window=8 = the default policy with the "
+            "path window's 8 chunks of the exchange a path instead of the 2 the tuner holds across hosts "
+            "(where present in the record). Every result was checked after the warm-up.\n\n"
             + "\n\n".join(parts) + "\n\n" + save(fig, out, "p2p_alltoall"))
 
 

@@ -7,7 +7,8 @@
 // is what large and uneven (mixture-of-experts) exchanges need. The data goes
 // one-sided, zero copy: each block is written straight from the sender's
 // tensor into the receiver's. Every step is in flight at once (every pair at
-// a time), each path's window bounding the chunks it has out: steps cross the
+// a time), each path holding at most the tuner's exchange window of chunks
+// of them (tuner.h, exchangeWindow): steps cross the
 // core unevenly (on two leaves of two hosts each, step 2 crosses with both
 // ranks of a leaf where steps 1 and 3 cross with one), and a rank that waits
 // for a step to land before it starts the next leaves the core links idle
@@ -21,6 +22,7 @@
 #include "collectives/collectives.h"
 #include "collectives/exchange.h"
 #include "collectives/plan.h"
+#include "collectives/tuner.h"
 #include "common/error.h"
 
 namespace maestro {
@@ -63,6 +65,7 @@ void exchange(OpContext& ctx, const ExchangePlan& plan) {
   }
 
   std::vector<std::vector<std::shared_ptr<multipath::SendOp>>> writes(n);  // by step
+  const int window = exchangeWindow(engine);
   const int in_flight = engine.config().alltoall_window;  // settled: 1..n-1
   int next_step = 1;
   auto stepWritten = [&](int k) {
@@ -79,7 +82,7 @@ void exchange(OpContext& ctx, const ExchangePlan& plan) {
       Span span = segmentOf(Span{0, bytes}, seg, g);
       try {
         writes[k].push_back(engine.write(p, plan.send[p].region, plan.send[p].base + span.offset, theirs[p].region,
-                                         theirs[p].base + span.offset, span.bytes, ctx.tag(g)));
+                                         theirs[p].base + span.offset, span.bytes, ctx.tag(g), window));
       } catch (const Error& e) {
         ctx.abort(e.what());
       }

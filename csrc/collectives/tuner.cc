@@ -1,5 +1,6 @@
 #include "collectives/tuner.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "common/config.h"
@@ -55,6 +56,12 @@ Choice choose(const multipath::Engine& engine, OpKind kind, uint64_t bytes) {
   return choose(engine.config(), f);
 }
 
+int exchangeWindow(const multipath::Engine& engine) {
+  const int knob = engine.config().exchange_window;
+  if (knob > 0) return knob;
+  return ringSpansHosts(engine) ? kExchangeWindowAcrossHosts : 0;
+}
+
 std::string describeTuner(const multipath::Engine& engine) {
   const Config& c = engine.config();
   const bool spans = ringSpansHosts(engine);
@@ -79,7 +86,9 @@ std::string describeTuner(const multipath::Engine& engine) {
        << c.min_chunk_size << " bytes; a ring whose blocks are at most that per path: segments of "
        << c.min_chunk_size << " bytes, each forwarded as it lands";
   os << "; ring segments of " << c.segment_size << " bytes\n";
-  os << "  all_to_all: " << c.alltoall_window << " step(s) in flight";
+  os << "  all_to_all, gather, scatter: " << c.alltoall_window << " all-to-all step(s) in flight, at most "
+     << (exchangeWindow(engine) > 0 ? std::min(exchangeWindow(engine), c.window) : c.window)
+     << " chunks of them a path";
   return os.str();
 }
 

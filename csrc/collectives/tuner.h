@@ -71,6 +71,19 @@ Choice choose(const multipath::Engine& engine, OpKind kind, uint64_t bytes);
 constexpr uint64_t kRecursiveDoublingAcrossHosts = 4 << 10;
 constexpr uint64_t kRecursiveDoublingOneHost = 256 << 10;
 uint64_t recursiveDoublingLimit(int ranks, bool spans_hosts, const std::string& transport);
+// The chunks a path may hold of an exchange's messages (all-to-all,
+// gather, scatter: Engine::write's window), MAESTRO_EXCHANGE_WINDOW or,
+// auto, kExchangeWindowAcrossHosts where the group spans hosts and the path
+// window (0) on one host. Every pair's block is in flight at once; placed
+// all at once on the first rate estimates, a block's last chunks queued
+// behind the path that turned out slowest, while placed as completions come
+// back they go where a path drained (docs/results.md, "Point to point and
+// all-to-all", has the default beside exchange_window=8, the path window).
+// Over loopback, where the paths share memory, not links, 2 chunks cost
+// 12 % at 1 MiB and 3 % at 64 MiB in a probe: there the tuner leaves the
+// path window.
+constexpr int kExchangeWindowAcrossHosts = 2;
+int exchangeWindow(const multipath::Engine& engine);
 // Largest reduce sent straight to its root.
 constexpr uint64_t kDirectReduceBytes = 64 << 10;
 

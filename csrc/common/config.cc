@@ -296,6 +296,15 @@ std::vector<Knob> schedulingKnobs() {
        }},
       {"algo", "MAESTRO_ALGO", "auto", algoDoc(), true, [](const Config& c) { return showAlgo(c.algo); },
        [](Config& c, const std::string& v) { c.algo = parseAlgo(v); }},
+      {"exchange_window", "MAESTRO_EXCHANGE_WINDOW", "auto",
+       "chunks of all-to-all's, gather's and scatter's messages a path holds at once (MAESTRO_WINDOW bounds it "
+       "too): every pair's block is in flight together, and with fewer chunks a path the rest are placed as "
+       "completions say which path drains first; auto: 2 where the group spans hosts, the path window on one host",
+       false, [](const Config& c) { return autoOrNumber(c.exchange_window); },
+       [](Config& c, const std::string& v) {
+         setAutoOrNumber(c.exchange_window, v,
+                         [](const std::string& v) { return parseInt("MAESTRO_EXCHANGE_WINDOW", v, 1, 1024); });
+       }},
       {"reg_cache_size", "MAESTRO_REG_CACHE_SIZE", "256", "memory registrations cached per group",
        false, [](const Config& c) { return std::to_string(c.reg_cache_size); },
        [](Config& c, const std::string& v) {

@@ -69,6 +69,7 @@ struct Config {
   size_t segment_size = 1 << 20;        // pipeline unit of the collectives
   int scratch_slots = 0;                // reduce-scatter receive slots (credits); 0 = auto (scratchSlots)
   int alltoall_window = 0;              // all-to-all peers written to at once; 0 = auto (alltoallWindow)
+  int exchange_window = 0;              // chunks a path holds of an exchange's messages; 0 = auto (tuner.h)
   // Forced algorithms, operation -> algorithm name (kAlgorithms); an
   // operation not in it: the tuner chooses (collectives/tuner.h).
   std::map<std::string, std::string> algo;

@@ -117,8 +117,10 @@ class Engine {
   // top two bits (see collectives/op.h).
   // Also forgets what the epoch's tags saw in their previous use.
   void beginOperation(uint64_t seq);
+  // `window` > 0: a path takes a chunk of this message only while it holds
+  // fewer than that many (Sender::message); 0: the path's window.
   std::shared_ptr<SendOp> write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                uint64_t dst_offset, uint64_t length, uint32_t tag);
+                                uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0);
   std::shared_ptr<RecvOp> expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook = nullptr);
   void release(const std::shared_ptr<RecvOp>& op);
 

@@ -34,7 +34,7 @@ Sender::~Sender() = default;
 
 // ---------------------------------------------------------------- placing
 
-std::vector<PathView> Sender::views(int peer, const SendOp* placing) const {
+std::vector<PathView> Sender::views(int peer, const SendOp* placing, int window) const {
   const PeerSend& ps = peers_[peer];
   std::vector<PathView> v(ps.paths.size());
   const auto now = Clock::now();
@@ -42,7 +42,7 @@ std::vector<PathView> Sender::views(int peer, const SendOp* placing) const {
     const Path& s = ps.paths[i];
     v[i].up = links_->usable(peer, static_cast<int>(i));
     v[i].inflight = s.inflight + static_cast<int>(s.queue.size());
-    v[i].window = window_;
+    v[i].window = window;
     v[i].weight = i < weights_.size() ? weights_[i] : 1.0;
     v[i].throughput = s.rate.value();
     v[i].rate_stale = s.rate.stale(now);
@@ -59,7 +59,7 @@ void Sender::enqueue(int peer, ChunkDesc* chunk) {
     ps.shared.push_back(chunk);
     return;
   }
-  int p = ps.scheduler->assign(views(peer), chunk->op->length_);
+  int p = ps.scheduler->assign(views(peer, nullptr, windowFor(chunk->op)), chunk->op->length_);
   if (p == kAnyPath) {
     ps.shared.push_back(chunk);
   } else if (p >= 0) {
@@ -75,11 +75,13 @@ void Sender::pump(int peer, int path, bool pull) {
   while (links_->usable(peer, path) && slot.inflight < window_) {
     ChunkDesc* c = nullptr;
     if (!slot.queue.empty()) {
+      if (slot.inflight >= windowFor(slot.queue.front()->op)) break;
       c = slot.queue.front();
       slot.queue.pop_front();
     } else if (pull && ps.scheduler->pulls() && !ps.shared.empty() &&
-               ps.scheduler->pull(views(peer, ps.shared.front()->op), path, ps.shared.size(),
-                                  ps.shared.front()->length) == path) {
+               slot.inflight < windowFor(ps.shared.front()->op) &&
+               ps.scheduler->pull(views(peer, ps.shared.front()->op, windowFor(ps.shared.front()->op)), path,
+                                  ps.shared.size(), ps.shared.front()->length) == path) {
       c = ps.shared.front();
       ps.shared.pop_front();
     } else {
@@ -98,9 +100,10 @@ void Sender::pumpAll(int peer) {
   // scheduler picks (none: the chunk waits for a path that will finish it
   // sooner). After this, each completion lets its own path pull first.
   while (!ps.shared.empty()) {
-    const int best = ps.scheduler->pull(views(peer, ps.shared.front()->op), kAnyPath, ps.shared.size(),
+    const int window = windowFor(ps.shared.front()->op);
+    const int best = ps.scheduler->pull(views(peer, ps.shared.front()->op, window), kAnyPath, ps.shared.size(),
                                         ps.shared.front()->length);
-    if (best < 0 || !links_->usable(peer, best) || ps.paths[best].inflight >= window_) break;
+    if (best < 0 || !links_->usable(peer, best) || ps.paths[best].inflight >= window) break;
     ChunkDesc* c = ps.shared.front();
     ps.shared.pop_front();
     post(peer, best, c);
@@ -138,10 +141,11 @@ void Sender::post(int peer, int path, ChunkDesc* c) {
 // ---------------------------------------------------------------- messages
 
 std::shared_ptr<SendOp> Sender::message(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                        uint64_t dst_offset, uint64_t length, uint32_t tag) const {
+                                        uint64_t dst_offset, uint64_t length, uint32_t tag, int window) const {
   auto op = std::make_shared<SendOp>();
   op->peer_ = peer;
   op->tag_ = tag;
+  op->window_ = window;
   op->length_ = length;
   op->src_ = src;
   op->src_addr_ = static_cast<const uint8_t*>(src.addr) + src_offset;
@@ -400,12 +404,12 @@ int EngineCore::inflightOn(int peer, int transport_path) {
 }
 
 std::shared_ptr<SendOp> EngineCore::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                          uint64_t dst_offset, uint64_t length, uint32_t tag) {
+                                          uint64_t dst_offset, uint64_t length, uint32_t tag, int window) {
   MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
   MAESTRO_CHECK(tag < kUsedTags, "message tag ", tag, " out of range");
   MAESTRO_CHECK(src_offset <= src.length && length <= src.length - src_offset, "write source [", src_offset, ", +",
                 length, ") outside its region of ", src.length, " bytes");
-  std::shared_ptr<SendOp> op = sender_->message(peer, src, src_offset, dst, dst_offset, length, tag);
+  std::shared_ptr<SendOp> op = sender_->message(peer, src, src_offset, dst, dst_offset, length, tag, window);
   if (op->done()) return op;
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);

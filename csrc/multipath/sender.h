@@ -72,9 +72,12 @@ class Sender {
 
   // ---- messages
   // The message cut into chunks, not yet placed (no lock: it reads no peer
-  // state). An empty one is done already.
+  // state). An empty one is done already. `window` > 0: a path takes a
+  // chunk of it only while it holds fewer than that many (of any message),
+  // within its own window: a message whose chunks are better placed as
+  // completions come back than all at once (the exchange's, tuner.h).
   std::shared_ptr<SendOp> message(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                  uint64_t dst_offset, uint64_t length, uint32_t tag) const;
+                                  uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0) const;
   // Its chunks placed and the windows filled; kept until it is finished.
   void send(const std::shared_ptr<SendOp>& op);
 
@@ -162,8 +165,11 @@ class Sender {
     std::unordered_map<SendOp*, std::shared_ptr<SendOp>> sending;
   };
 
-  // `placing`: the message whose chunk the scheduler places next.
-  std::vector<PathView> views(int peer, const SendOp* placing = nullptr) const;
+  // `placing`: the message whose chunk the scheduler places next;
+  // `window`: the room a path has for it (windowFor).
+  std::vector<PathView> views(int peer, const SendOp* placing, int window) const;
+  // The chunks a path may hold when it takes one of `op`'s.
+  int windowFor(const SendOp* op) const { return op->window_ > 0 ? std::min(window_, op->window_) : window_; }
   void enqueue(int peer, ChunkDesc* chunk);
   void pump(int peer, int path, bool pull = true);  // fill one path's window
   void post(int peer, int path, ChunkDesc* chunk);

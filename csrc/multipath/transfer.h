@@ -60,6 +60,7 @@ class SendOp {
   RemoteRegion dst_;
   uint64_t dst_offset_ = 0;
   std::vector<ChunkDesc> chunks_;
+  int window_ = 0;            // chunks of it a path may hold at once, with the others' (0: the path's window)
   uint32_t remaining_ = 0;    // chunks not yet landed (the peer's lock, see sender.h)
   uint32_t outstanding_ = 0;  // chunks posted and not yet completed (the peer's lock)
   std::vector<uint32_t> taken_;  // chunks posted on each path, resends included (the peer's lock)

@@ -4,6 +4,7 @@
 // thread, without a network or a clock to wait on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "multipath/sender.h"
@@ -53,13 +54,13 @@ class SenderTest : public ::testing::Test {
     links_->sender = sender_.get();
     sender_->install(kPeer, paths, Clock::now());
   }
-  std::shared_ptr<SendOp> write(uint64_t length, uint32_t tag = 5) {
+  std::shared_ptr<SendOp> write(uint64_t length, uint32_t tag = 5, int window = 0) {
     Region src;
     src.id = 1;
     src.addr = buffer_.data();
     src.length = buffer_.size();
     RemoteRegion dst{7, 9, 0, buffer_.size()};
-    auto op = sender_->message(kPeer, src, 0, dst, 0, length, tag);
+    auto op = sender_->message(kPeer, src, 0, dst, 0, length, tag, window);
     if (!op->done()) sender_->send(op);
     return op;
   }
@@ -98,6 +99,34 @@ class SenderTest : public ::testing::Test {
   Links* links_ = nullptr;
   std::unique_ptr<Sender> sender_;
 };
+
+// A message with a window of its own (the exchange's): a path takes its
+// chunks only while it holds fewer than that many, of any message, and
+// takes the next as each completes; the path's window still bounds the rest.
+TEST_F(SenderTest, AMessagesOwnWindowBoundsWhatAPathHoldsOfIt) {
+  for (const std::string policy : {"round_robin", "adaptive"}) {
+    SCOPED_TRACE(policy);
+    make(policy, 8, 3);
+    auto op = write(30 * kChunk, 5, /*window=*/2);
+    EXPECT_EQ(6u, links_->posts.size()) << "two chunks a path";
+    for (int p = 0; p < 3; ++p) EXPECT_EQ(2, sender_->inflight(kPeer, p));
+    // Each completion lets its path take one more of it.
+    EXPECT_FALSE(complete(0));
+    EXPECT_EQ(7u, links_->posts.size());
+    EXPECT_EQ(path(0), path(6));
+    drain(1);
+    EXPECT_TRUE(op->done());
+    EXPECT_EQ(30u, links_->posts.size()) << "every chunk once";
+    // A message of the path's window beside one of 2: the path fills to 8.
+    links_->posts.clear();
+    auto narrow = write(6 * kChunk, 6, 2), wide = write(40 * kChunk, 7);
+    int most = 0;
+    for (int p = 0; p < 3; ++p) most = std::max(most, sender_->inflight(kPeer, p));
+    EXPECT_EQ(8, most);
+    drain(0);
+    EXPECT_TRUE(narrow->done() && wide->done());
+  }
+}
 
 TEST_F(SenderTest, PlacesChunksInTurnWithinEachPathsWindow) {
   make("round_robin", 2, 3);
