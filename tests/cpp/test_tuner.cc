@@ -111,6 +111,21 @@ TEST(Tuner, TheGroupsTableIsDescribed) {
   EXPECT_NE(std::string::npos, text.find("allreduce: recursive_doubling up to ")) << text;
   EXPECT_NE(std::string::npos, text.find("reduce: direct up to 65536 bytes, ring above -- forced: ring")) << text;
   EXPECT_NE(std::string::npos, text.find("chunks: 4096 bytes")) << text;
+  EXPECT_NE(std::string::npos, text.find("at most 8 chunks of them a path")) << text;
+}
+
+// The exchange's window: the knob, else 2 chunks a path across hosts and
+// the path window (0) on one host.
+TEST(Tuner, TheExchangeHoldsTwoChunksAPathAcrossHosts) {
+  World one(2);
+  EXPECT_EQ(0, exchangeWindow(*one.engines[0])) << "ranks of one host: the path window";
+  setRingSpansHosts(true);
+  EXPECT_EQ(kExchangeWindowAcrossHosts, exchangeWindow(*one.engines[0]));
+  resetRingSpansHosts();
+  auto opts = testing::smallUnits();
+  opts["exchange_window"] = "3";
+  World knob(2, opts);
+  EXPECT_EQ(3, exchangeWindow(*knob.engines[0]));
 }
 
 // Every rank's result, checked against the reference and against rank 0's
