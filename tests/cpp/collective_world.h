@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/collectives.h"
 #include "collectives/op.h"
 #include "multipath/engine.h"
 #include "test_util.h"
@@ -75,6 +77,44 @@ struct PathCloser {
   bool closed_mid_operation = false;  // written by the thread, read after join()
   std::thread thread;
 };
+
+// An allreduce of 5001 int64 elements with every reduce op, each checked
+// element by element on every rank (operations seq, seq + 1, ...; seq is
+// left after the last).
+inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq) {
+  using namespace collectives;
+  const int n = static_cast<int>(w.engines.size());
+  const uint64_t count = 5001;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct,
+                      ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
+    std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(count));
+    for (int r = 0; r < n; ++r)
+      for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<int64_t>((i * 31 + r * 17) % 97) - 40;
+    auto errors = runRanks(n, [&](int r) {
+      auto& e = *w.engines[r];
+      Region reg = e.registerMemory(data[r].data(), count * 8);
+      allreduce(e, *seq, Window{reg, 0}, count, DType::kInt64, op, after(60));
+      e.deregisterMemory(reg);
+    });
+    ++*seq;
+    for (auto& err : errors) ASSERT_EQ("", errorText(err));
+    for (uint64_t i = 0; i < count; ++i) {
+      int64_t acc = static_cast<int64_t>((i * 31) % 97) - 40;
+      for (int q = 1; q < n; ++q) {
+        int64_t v = static_cast<int64_t>((i * 31 + q * 17) % 97) - 40;
+        if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc += v;
+        if (op == ReduceOp::kMin) acc = std::min(acc, v);
+        if (op == ReduceOp::kMax) acc = std::max(acc, v);
+        if (op == ReduceOp::kProduct) acc *= v;
+        if (op == ReduceOp::kBand) acc &= v;
+        if (op == ReduceOp::kBor) acc |= v;
+        if (op == ReduceOp::kBxor) acc ^= v;
+      }
+      if (op == ReduceOp::kAvg) acc /= n;
+      for (int r = 0; r < n; ++r) ASSERT_EQ(acc, data[r][i]) << reduceOpName(op) << " rank " << r << " i " << i;
+    }
+  }
+}
 
 // Empty tensors are not registered: an operation on them only handshakes.
 template <typename T>

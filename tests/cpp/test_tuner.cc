@@ -173,36 +173,7 @@ TEST_P(RecursiveDoubling, EveryOpOnInt64AndSignedZerosAgree) {
   const int n = GetParam();
   World w(n, forced("recursive_doubling"));
   uint64_t seq = 1;
-  const uint64_t count = 5001;
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct,
-                      ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
-    std::vector<std::vector<int64_t>> data(n, std::vector<int64_t>(count));
-    for (int r = 0; r < n; ++r)
-      for (uint64_t i = 0; i < count; ++i) data[r][i] = static_cast<int64_t>((i * 31 + r * 17) % 97) - 40;
-    auto errors = runRanks(n, [&](int r) {
-      auto& e = *w.engines[r];
-      Window win = registered(e, data[r]);
-      allreduce(e, seq, win, count, DType::kInt64, op, after(60));
-      e.deregisterMemory(win.region);
-    });
-    ++seq;
-    for (auto& err : errors) ASSERT_EQ("", errorText(err));
-    for (uint64_t i = 0; i < count; ++i) {
-      int64_t acc = static_cast<int64_t>((i * 31) % 97) - 40;
-      for (int q = 1; q < n; ++q) {
-        int64_t v = static_cast<int64_t>((i * 31 + q * 17) % 97) - 40;
-        if (op == ReduceOp::kSum || op == ReduceOp::kAvg) acc += v;
-        if (op == ReduceOp::kMin) acc = std::min(acc, v);
-        if (op == ReduceOp::kMax) acc = std::max(acc, v);
-        if (op == ReduceOp::kProduct) acc *= v;
-        if (op == ReduceOp::kBand) acc &= v;
-        if (op == ReduceOp::kBor) acc |= v;
-        if (op == ReduceOp::kBxor) acc ^= v;
-      }
-      if (op == ReduceOp::kAvg) acc /= n;
-      for (int r = 0; r < n; ++r) ASSERT_EQ(acc, data[r][i]) << reduceOpName(op) << " rank " << r << " i " << i;
-    }
-  }
+  testing::allreduceEveryOpOnInt64(w, &seq);
   // MIN and MAX of -0 and +0 are equal either way round, yet their bits
   // differ: every rank must still hold the same bits.
   for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
