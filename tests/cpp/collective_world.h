@@ -116,6 +116,40 @@ inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq) {
   }
 }
 
+// `ops` float sum allreduces of `count` elements back to back on every rank
+// of `w` while a PathCloser closes rank 0's paths to rank 1 (all but one of
+// `paths`): a close must land mid-operation and make a chunk go again, and
+// every result must be exact.
+inline void allreducesWhileAPathCloses(World& w, int ops, int paths, uint64_t count) {
+  using namespace collectives;
+  const int n = static_cast<int>(w.engines.size());
+  auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
+  std::atomic<int> started{0};
+  PathCloser closer(w, started, ops, paths);
+  std::vector<int> wrong(n, 0);
+  auto errors = runRanks(n, [&](int r) {
+    auto& e = *w.engines[r];
+    std::vector<float> data(count);
+    Window win{e.registerMemory(data.data(), count * sizeof(float)), 0};
+    for (int op = 0; op < ops; ++op) {
+      for (uint64_t i = 0; i < count; ++i) data[i] = value(r, i, op);
+      if (r == 0) started++;
+      allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      for (uint64_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += value(q, i, op);
+        if (data[i] != want) wrong[r]++;
+      }
+    }
+    e.deregisterMemory(win.region);
+  });
+  closer.join();
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  ASSERT_TRUE(closer.closed_mid_operation) << "the path was not closed while the operations ran: the test proves nothing";
+  EXPECT_EQ(std::vector<int>(n, 0), wrong);
+  EXPECT_GT(PathCloser::resent(w), 0u) << "no chunk was in flight on any of the " << paths - 1 << " closed paths";
+}
+
 // Empty tensors are not registered: an operation on them only handshakes.
 template <typename T>
 collectives::Window registered(multipath::Engine& e, std::vector<T>& v) {

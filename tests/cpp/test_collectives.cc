@@ -490,35 +490,14 @@ TEST_P(Collectives, MidSizeRingsInSmallestChunksAreExact) {
 
 // A path closed while mid-size rings in smallest chunks run back to back:
 // its chunks in flight are sent again on the others, every result exact
-// (testing::PathCloser).
+// (testing::allreducesWhileAPathCloses).
 TEST(MidSizeRing, APathClosedMidPipelineLosesNothing) {
   const int n = 2, ops = 400, paths = 4;
   SpansHosts spans;
   World w(n, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}, {"segment_size", "64K"}, {"paths", "4"},
               {"algo", "allreduce:ring"}});
   const uint64_t count = 2 * 12000 / 4;  // blocks of 12000 bytes: 3 segments
-  auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
-  std::atomic<int> started{0};
-  testing::PathCloser closer(w, started, ops, paths);
-  std::vector<int> wrong(n, 0);
-  auto errors = runRanks(n, [&](int r) {
-    auto& e = *w.engines[r];
-    std::vector<float> data(count);
-    Window win = registered(e, data);
-    for (int op = 0; op < ops; ++op) {
-      for (uint64_t i = 0; i < count; ++i) data[i] = value(r, i, op);
-      if (r == 0) started++;
-      allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
-      for (uint64_t i = 0; i < count; ++i)
-        if (data[i] != value(0, i, op) + value(1, i, op)) wrong[r]++;
-    }
-  });
-  closer.join();
-  for (auto& err : errors) ASSERT_EQ("", errorText(err));
-  ASSERT_TRUE(closer.closed_mid_operation) << "the path was not closed while the rings ran: the test proves nothing";
-  EXPECT_EQ(std::vector<int>(n, 0), wrong);
-  EXPECT_GT(testing::PathCloser::resent(w), 0u) << "no chunk was in flight on any of the " << paths - 1
-                                                << " closed paths";
+  testing::allreducesWhileAPathCloses(w, ops, paths, count);
 }
 
 TEST(StagingOrder, BlocksInTheOrderTheRingFirstNeedsThemCutIntoWholeElementPieces) {

@@ -253,36 +253,12 @@ TEST(RecursiveDoublingTimeout, AMissingPartnerIsNamed) {
 }
 
 // A path closed while the exchanges run: its chunks go again on the
-// others, nothing is lost, every result exact (testing::PathCloser).
+// others, nothing is lost, every result exact (testing::allreducesWhileAPathCloses).
 TEST(RecursiveDoublingFailover, APathClosedMidOperationLosesNothing) {
   const int n = 4, ops = 300, paths = 4;
   World w(n, {{"chunk_size", "4K"}, {"segment_size", "16K"}, {"paths", "4"}, {"algo", "recursive_doubling"}});
   const uint64_t count = 6000;  // 24000 bytes: 6 chunks a message
-  auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
-  std::atomic<int> started{0};
-  testing::PathCloser closer(w, started, ops, paths);
-  std::vector<int> wrong(n, 0);
-  auto errors = runRanks(n, [&](int r) {
-    auto& e = *w.engines[r];
-    std::vector<float> data(count);
-    Window win = registered(e, data);
-    for (int op = 0; op < ops; ++op) {
-      for (uint64_t i = 0; i < count; ++i) data[i] = value(r, i, op);
-      if (r == 0) started++;
-      allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
-      for (uint64_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int q = 0; q < n; ++q) want += value(q, i, op);
-        if (data[i] != want) wrong[r]++;
-      }
-    }
-  });
-  closer.join();
-  for (auto& err : errors) ASSERT_EQ("", errorText(err));
-  ASSERT_TRUE(closer.closed_mid_operation) << "the path was not closed while the operations ran: the test proves nothing";
-  EXPECT_EQ(std::vector<int>(n, 0), wrong);
-  EXPECT_GT(testing::PathCloser::resent(w), 0u) << "no chunk was in flight on any of the " << paths - 1
-                                                << " closed paths";
+  testing::allreducesWhileAPathCloses(w, ops, paths, count);
 }
 
 }  // namespace
