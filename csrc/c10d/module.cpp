@@ -130,8 +130,9 @@ PYBIND11_MODULE(_C, m) {
                         "path_knobs"_a = maestro::multipath::Engine::pathKnobs());
       },
       "Sizes and counts the docs quote: the automatic chunk sizes, the smallest chunk of a mid-size TCP "
-      "message, the largest reduce sent straight to its root, the largest allreduce by recursive doubling, the slots a receiver lends each sender for eager messages, how many groups share the default group's paths, "
-      "the knobs that must match for a subgroup to share them.");
+      "message, the largest reduce sent straight to its root, the largest allreduce by recursive doubling, "
+      "the slots a receiver lends each sender for eager messages, how many groups share the default group's "
+      "paths, the knobs that must match for a subgroup to share them.");
   // For `python -m maestro_torch.doctor`: the checks maestro itself makes,
   // not a second copy of them.
   m.def(

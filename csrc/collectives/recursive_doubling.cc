@@ -133,6 +133,14 @@ void allreduceRecursiveDoubling(OpContext& ctx, const Window& tensor, uint64_t c
   };
 
   std::vector<Incoming> incoming;  // the fold's, then step k's (participants)
+  struct Release {  // the expected messages are given back however the operation ends
+    multipath::Engine& engine;
+    std::vector<Incoming>& incoming;
+    ~Release() {
+      for (auto& in : incoming)
+        for (auto& r : in.ops) engine.release(r);
+    }
+  } release{engine, incoming};
   if (extra) {
     incoming.push_back(expect(fold));
     write(fold, tensor.region, tensor.base);
@@ -204,15 +212,7 @@ void allreduceRecursiveDoubling(OpContext& ctx, const Window& tensor, uint64_t c
       if (on[q]) out.push_back(q);
     return out;
   };
-  try {
-    ctx.run(step, waiting, depends);
-  } catch (...) {
-    for (auto& in : incoming)
-      for (auto& r : in.ops) engine.release(r);
-    throw;
-  }
-  for (auto& in : incoming)
-    for (auto& r : in.ops) engine.release(r);
+  ctx.run(step, waiting, depends);
 }
 
 }  // namespace collectives

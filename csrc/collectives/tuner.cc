@@ -9,19 +9,6 @@
 namespace maestro {
 namespace collectives {
 
-namespace {
-
-// The operations kAlgorithms names (MAESTRO_ALGO's "op:").
-const char* opName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAllreduce: return "allreduce";
-    case OpKind::kReduce: return "reduce";
-    default: return "";
-  }
-}
-
-}  // namespace
-
 uint64_t recursiveDoublingLimit(int ranks, bool spans_hosts, const std::string& transport) {
   (void)transport;  // verbs: not measured on a NIC; TCP's table stands in
   if (ranks < 2) return 0;
@@ -39,7 +26,8 @@ Algorithm tunedAlgorithm(const TuneFacts& f) {
 }
 
 Choice choose(const Config& config, const TuneFacts& facts) {
-  auto it = config.algo.find(opName(facts.kind));
+  // Keyed by the operations' names (kAlgorithms uses opKindName's).
+  auto it = config.algo.find(opKindName(facts.kind));
   if (it != config.algo.end())
     for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kDirect})
       if (it->second == algorithmName(a)) return Choice{a, true};
