@@ -129,7 +129,14 @@ def test_mid_size_collectives_are_exact_across_hosts_and_through_a_spine_link_cu
         res = loop_through_a_cut(l, "1M", 8, 3, 30)
     its = res["ranks"]
     assert all(it["ok"] for rank in its for it in rank), "every result stays exact"
-    assert len(its[0]) > 100, f"only {len(its[0])} allreduces ran"
+    # The loop ran through the cut (the link is down from about 1.5 s to
+    # 4.5 s into it) and on after it: how many allreduces fit in 8 s is the
+    # machine's pace, not what this test checks.
+    starts = [it["start"] for it in its[0]]
+    assert any(2 < s < 4 for s in starts), f"no allreduce started while the link was down: {starts}"
+    assert any(s > 5 for s in starts), f"no allreduce started after the link came back: {starts}"
+    cycles = [b - a for a, b in zip(starts, starts[1:])]
+    assert max(cycles) < 5, f"an iteration took {max(cycles):.1f} s: the path was not closed by its traffic"
     assert sum(p["resent"] for p in its[3][-1]["paths"]) > 0, "no chunk was moved off the cut path"
 
 
