@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import functools
 import json
 import os
 import statistics
@@ -78,18 +79,22 @@ def maestro_extra(args) -> dict:
     return out
 
 
-def timed(fn, group, iters: int, settle: int | None = None, tol: float = SETTLED) -> list[float]:
+def timed(fn, group, iters: int, settle: int | None = None, tol: float = SETTLED,
+          after_first=None) -> list[float]:
     """Run fn() iters times; the slowest rank's time of each. With settle,
     stop early once settle iterations have run and the slowest and fastest
     so far are within tol of their median: fewer repetitions where the
     spread is already small (every rank takes the same decision, from the
-    slowest rank's times)."""
+    slowest rank's times). after_first() runs, untimed, after the first
+    call (a cell with no warm-up checks its result there)."""
     times = []
     for i in range(iters):
         dist.barrier(group=group)
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        if i == 0 and after_first is not None:
+            after_first()
         if settle is not None and settle <= i + 1 < iters:
             worst = torch.tensor(times, dtype=torch.float64)
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # over the world group (bookkeeping)
@@ -119,11 +124,12 @@ def iterations_for(size: int, budget_s: float, est_Bps: float, hi: int = 20) -> 
     # 1.08 s, one slow iteration (a TCP loss recovery, a busy core) moved a
     # figure by 5 %, and the median of 3 gave 0.85 to 0.93 of the limit
     # across four runs; such a cell's spread is above SETTLED, so it runs 5.
-    # Above 64 MiB up to 3, and 2 where they agree (one iteration of gloo at
-    # 256 MiB takes 17 s, and there its spread is a few per cent).
+    # Above 64 MiB 2, the figure their mean (both are recorded): one
+    # iteration of gloo at 256 MiB takes 17 s, and those cells were a third
+    # of the collectives experiment's time at 3.
     # Cells cheaper than that run their budget out (settle None): it is the
     # large cells, at the floor, that take a sweep's time.
-    lo, settle = (5, 3) if size <= 64 << 20 else (3, 2)
+    lo, settle = (5, 3) if size <= 64 << 20 else (2, None)
     most = max(lo, min(hi, calls_within(budget_s, size, est_Bps)))
     return most, settle if most == lo else None
 
@@ -134,14 +140,23 @@ def calls_within(seconds: float, size: int, est_Bps: float) -> int:
     return int(seconds / max(size / est_Bps, 1e-4))
 
 
-def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10) -> int:
+WARM_BYTES = 16 << 20  # warmups_for(): a variant that ran a cell this large is warm for the largest
+
+
+def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10, largest_run: int = 0) -> int:
     """Calls of a sweep cell before it is timed: as many as fit in `seconds`
     at est_Bps, 1 to `most` (the same count on every rank). One call of a
     small message leaves the TCP congestion windows where a fresh or idle
     connection has them (the first cell of a sweep runs on connections just
     opened, some lazily by that call): on the pinned lab, the first of six
     interleaved 64 KiB trials had medians 1.5-2x the other five's, for
-    maestro (4 paths per peer, 12 connections) and gloo alike."""
+    maestro (4 paths per peer, 12 connections) and gloo alike.
+    None for a cell of 64 MiB or more whose variant already ran one of
+    WARM_BYTES or more in this sweep (largest_run): its connections are open
+    and their windows grown by calls of seconds each, and one more call
+    of gloo at 256 MiB is 17 s."""
+    if size >= 64 << 20 and largest_run >= WARM_BYTES:
+        return 0
     return max(1, min(most, calls_within(seconds, size, est_Bps)))
 
 
@@ -156,6 +171,21 @@ SWEEP_COLLECTIVES = ("allreduce", "allgather", "sendrecv", "alltoall")
 SWEEP_EST_BPS = 50e6  # the rate a sweep plans its warm-up and iterations with (bytes/s)
 
 
+# Position-dependent data, so that a chunk landing at another chunk's
+# offset, or from another rank, is caught: element i of rank r's input is
+# r * P + i % P (P = 4099, prime, so no chunk or block size is a multiple of
+# it; exact in float32 up to 4,000 ranks).
+PATTERN_PERIOD = 4099
+
+
+@functools.lru_cache(maxsize=16)
+def sweep_pattern(count: int, offset: int = 0) -> torch.Tensor:
+    """(i + offset) % P for i < count, float32; cached: every variant of a
+    cell uses the same (at 256 MiB making it took a second of CPU per
+    variant and rank), and no caller writes to it (they derive tensors)."""
+    return ((torch.arange(count, dtype=torch.int64) + offset) % PATTERN_PERIOD).to(torch.float32)
+
+
 def sweep_op(collective: str, size: int, g):
     """One cell of a sweep, as nccl-tests counts it: (fn, factor, exact).
     fn() runs the collective once on group g with `size` bytes (allreduce:
@@ -165,15 +195,8 @@ def sweep_op(collective: str, size: int, g):
     included, in equal splits); busbw = algbw * factor; exact() says whether
     the output holds what one fn() gives (checked after the warm-up)."""
     rank, n = dist.get_rank(), dist.get_world_size()  # every group of the sweep spans the world
-    # Position-dependent data, so that a chunk landing at another chunk's
-    # offset, or from another rank, is caught: element i of rank r's input
-    # is r * P + i % P (P = 4099, prime, so no chunk or block size is a
-    # multiple of it; exact in float32 up to 4,000 ranks).
-    P = 4099
-
-    def pattern(count, offset=0):
-        return ((torch.arange(count, dtype=torch.int64) + offset) % P).to(torch.float32)
-
+    P = PATTERN_PERIOD
+    pattern = sweep_pattern
     if collective == "allreduce":
         count = max(size // 4, 1)
         t = pattern(count) + rank
@@ -221,23 +244,42 @@ def cmd_sweep(args):
             for s in maestro_torch.path_stats(g):
                 routes.setdefault(v, {}).setdefault(str(s["peer"]), []).append(s["route"])
     log("READY")
+    ready = time.monotonic()
     rows = []
+    largest_run = dict.fromkeys(variants, 0)
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         for v in variants:
             g = groups[v]
+            began = time.monotonic() - ready
             fn, factor, exact = sweep_op(args.collective, size, g)
-            fn()  # warm-up: registration, connections ramp-up
-            ok = torch.tensor([float(exact())])
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
-            for _ in range(warmups_for(size, SWEEP_EST_BPS) - 1):
+            # The result is checked after the first call: the warm-up's
+            # (registration, connections ramp-up), or the first timed one's
+            # where the cell needs no warm-up (its check is not timed).
+            checked, check_cpu = [], [0.0]
+
+            def check():
+                c0 = time.process_time()
+                checked.append(exact())
+                check_cpu[0] += time.process_time() - c0
+            warmups = warmups_for(size, SWEEP_EST_BPS, largest_run=largest_run[v])
+            if warmups:
+                fn()
+                check()
+            for _ in range(warmups - 1):
                 fn()
             cpu0 = time.process_time()
             most, settle = iterations_for(size, args.budget, SWEEP_EST_BPS)
-            times = timed(fn, g, most, settle)
-            cpu = cpu_s_per_GB(cpu0, size * len(times))
+            times = timed(fn, g, most, settle, after_first=None if warmups else check)
+            cpu = cpu_s_per_GB(cpu0 + check_cpu[0] * (not warmups), size * len(times))
+            ok = torch.tensor([float(checked[0])])
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
+            largest_run[v] = max(largest_run[v], size)
             med = statistics.median(times)
             rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
-                         "busbw_GBps": size / med / 1e9 * factor, "iters": len(times),
+                         "busbw_GBps": size / med / 1e9 * factor, "iters": len(times), "warmups": warmups,
+                         # when the cell began and how long it took, warm-up and check included (rank 0's
+                         # clock, from READY): where a sweep's time goes
+                         "began_s": began, "took_s": time.monotonic() - ready - began,
                          "times": times, "exact": bool(ok.item()),
                          # per rank, over the timed iterations (their barriers included)
                          "cpu_s_per_GB": cpu})
@@ -361,16 +403,22 @@ def cmd_models(args):
     rows = []
     buckets = ddp_buckets(numels, cap_bytes=25 << 20)
     tensors = [torch.ones(b) for b in buckets]
+    largest = max(tensors, key=lambda x: x.numel())
     for v, g in groups.items():
         def sync():
             works = [dist.all_reduce(x, group=g, async_op=True) for x in tensors]
             for w in works:
                 w.wait()
         if not args.no_warmup:
-            sync()
+            # The warm-up is the largest bucket's allreduce alone: it opens
+            # the connections and grows their windows as a whole sync's
+            # first buckets would (a whole sync is 9 to 86 s, a bucket well
+            # under 2); the other buckets' registration on first use stays
+            # in the timed sync, as in a DDP job's first step.
+            dist.all_reduce(largest, group=g)
         times = timed(sync, g, args.iters)
         rows.append({"variant": v, "sync_s": statistics.median(times), "buckets": len(buckets),
-                     "bytes": sum(buckets) * 4, "warmup": not args.no_warmup})
+                     "bytes": sum(buckets) * 4, "warmup": "none" if args.no_warmup else "largest bucket"})
         log(f"  {args.model} {v:10} gradient sync {statistics.median(times):7.2f} s ({len(buckets)} buckets)")
     emit({"model": args.model, "parameters": sum(numels), "world": n, "buckets_only": True, "rows": rows})
 

@@ -36,6 +36,22 @@ def test_sweep_on_loopback_is_exact_for_every_variant(collective):
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor), r
 
 
+def test_a_large_cell_after_a_warm_one_runs_no_warm_up_and_is_still_checked():
+    # 64 MiB after 16 MiB: no warm-up call, so the result is checked after
+    # the first timed call (an allreduce in place: checked after any later
+    # call it would be wrong, so the check is where it must be).
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "benchmarks/rank_bench.py", "sweep", "--collective", "allreduce", "--sizes", "16M,64M",
+            "--variants", "gloo,adaptive", "--budget", "0.05"]
+    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0, p.stderr[-4000:]
+    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    rows = json.loads(line[len("RESULT "):])["rows"]
+    assert [(r["bytes"], r["warmups"]) for r in rows] == [(16 << 20, 1), (16 << 20, 1), (64 << 20, 0), (64 << 20, 0)]
+    assert all(r["exact"] for r in rows), rows
+
+
 class _Clock:
     """time.perf_counter for rank_bench: each fn() of timed() advances it by
     the next of the durations given."""
@@ -81,7 +97,7 @@ def test_sweep_cells_settle_only_at_their_floor():
     assert rank_bench.iterations_for(4 << 10, 2.0, 50e6) == (20, None)      # cheap: the budget runs out
     assert rank_bench.iterations_for(1 << 20, 2.0, 50e6) == (20, None)
     assert rank_bench.iterations_for(64 << 20, 2.0, 50e6) == (5, 3)
-    assert rank_bench.iterations_for(256 << 20, 2.0, 50e6) == (3, 2)
+    assert rank_bench.iterations_for(256 << 20, 2.0, 50e6) == (2, None)   # above 64 MiB: two, their mean
 
 
 def test_small_cells_warm_up_for_a_fifth_of_a_second_and_large_ones_once():
@@ -91,3 +107,18 @@ def test_small_cells_warm_up_for_a_fifth_of_a_second_and_large_ones_once():
     assert rank_bench.warmups_for(4 << 20, 50e6) == 2
     assert rank_bench.warmups_for(16 << 20, 50e6) == 1
     assert rank_bench.warmups_for(256 << 20, 50e6) == 1
+    # 64 MiB and above, none once the variant ran a cell of 16 MiB or more
+    assert rank_bench.warmups_for(64 << 20, 50e6, largest_run=16 << 20) == 0
+    assert rank_bench.warmups_for(256 << 20, 50e6, largest_run=64 << 20) == 0
+    assert rank_bench.warmups_for(64 << 20, 50e6, largest_run=4 << 20) == 1
+    assert rank_bench.warmups_for(16 << 20, 50e6, largest_run=16 << 20) == 1
+
+
+def test_a_cell_without_warm_up_checks_after_its_first_timed_call_untimed(monkeypatch, one_rank_group):
+    clock = _Clock([1.0, 5.0, 1.0, 1.0])
+    monkeypatch.setattr(rank_bench, "time", clock)
+    seen = []
+    times = rank_bench.timed(clock.step, None, 3, after_first=lambda: seen.append(clock.now) or clock.step())
+    # the check ran once, after the first call, and its time (the 5 s)
+    # counts in no iteration
+    assert seen == [1.0] and times == pytest.approx([1.0, 1.0, 1.0])
