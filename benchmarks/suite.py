@@ -325,8 +325,9 @@ def exp_models(ctx):
     # --quick leaves single out here and syncs ResNet-50's buckets, not
     # VGG19's (a fifth of the bytes): on gloo VGG19's sync alone takes 37 s,
     # and the smoke run has a time budget.
-    # One timed sync after the warm-up one: a sync is 9 (VGG19) to 51
-    # (BERT-large) bucket allreduces, 0.6 to 1.3 GB, and takes 9 to 86 s.
+    # One timed sync after a warm-up of the largest bucket (rank_bench
+    # models): a sync is 9 (VGG19) to 51 (BERT-large) bucket allreduces,
+    # 0.6 to 1.3 GB, and takes 9 to 86 s.
     peers = GLOO_PEERS if ctx.quick else PEERS
     with ctx.lab("mod", mode="pinned") as lab:
         for model in ("resnet50",) if ctx.quick else ("vgg19", "bert-large"):
@@ -336,16 +337,22 @@ def exp_models(ctx):
         if not ctx.no_ddp:
             # The training itself, benchmarks/train.py; --quick: ResNet-50
             # (25.6 M parameters, a fifth of VGG19's gradient bytes). Beside
-            # the gloo peers, not single: maestro on one path syncs as gloo
-            # does (the buckets above show it), and its two BERT-large steps
-            # took three minutes.
+            # one gloo: the one whose bucket sync above was fastest (the
+            # best gloo, which the DDP row is compared with), not single
+            # (maestro on one path syncs as gloo does, the buckets show it).
+            # A DDP step of gloo on BERT-large is 90 s, two of them a run.
             for model in ("resnet50",) if ctx.quick else ("vgg19", "bert-large"):
+                synced = {r["variant"]: r["sync_s"] for r in out[f"{model}/buckets"]["rows"]}
+                gloo = min(GLOO_PEERS, key=lambda v: synced.get(v, float("inf")))
                 runs = {v: train_on_lab(lab, model, v, timeout=900 if ctx.quick else 3000)
-                        for v in ("adaptive",) + GLOO_PEERS}
-                r0 = runs["gloo"]
+                        for v in ("adaptive", gloo)}
+                r0 = runs[gloo]
                 out[f"{model}/ddp"] = {
                     "model": model, "parameters": r0["parameters"], "world": r0["world"], "buckets_only": False,
                     "command": runs["adaptive"]["command"],
+                    # the peers left out on purpose: not "not measured"
+                    "not_run": [p for p in PEERS if p != gloo],
+                    "why_not_run": f"DDP runs beside the gloo whose bucket sync was fastest: {gloo}",
                     "rows": [{"variant": v, "iteration_s": r["iteration_s"], "compute_s": r["compute_s"],
                               "exposed_comm_s": r["exposed_comm_s"],
                               "exposed_comm_method": "backward's wait after the last gradient",
@@ -521,7 +528,9 @@ def exp_hunting(ctx):
     interleaved trials: unloaded (no background), no hunting
     (MAESTRO_HUNT=off), hunting (the default under discovery). Discovery is
     not asked for: the default (auto) runs it because the routers answer."""
-    seconds, trials = (20, 1) if ctx.quick else (30, 3)
+    # 20 s a run: hunting has moved both loaded paths within 5 s of READY,
+    # and the report's figure is the second half's busbw.
+    seconds, trials = (20, 1) if ctx.quick else (20, 3)
     runs = []
     with ctx.lab("hunt", hosts=4, leaves=2, spines=8, aliases=4, mode="ecmp") as lab:
         for trial in range(trials):

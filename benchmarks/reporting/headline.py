@@ -68,7 +68,7 @@ def headline(recs: dict) -> list[list]:
                 continue
             m = r["adaptive"]
             what = "gradient sync" if key.endswith("buckets") else "exposed comm (DDP)"
-            rows.append([f"{key.split('/')[0]} {what} per iteration", f"{m:.2f} s", gloo_cell(g, r, "{:.2f} s"),
+            rows.append([f"{key.split('/')[0]} {what} per iteration", f"{m:.2f} s", gloo_cell(g, r, "{:.2f} s", run.get("not_run", ())),
                          f"**{(1 - m / g[1]) * 100:.0f} % less**", "up to 66.7 % less transport time"])
     lb = recs.get("load_balance")
     if lb and lb["status"] == "ok":

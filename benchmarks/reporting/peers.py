@@ -60,21 +60,26 @@ def best_gloo(values: dict, lower_is_better: bool = False) -> tuple[str, float] 
     return pick, figures[pick]
 
 
-def missing_peers(variants) -> list[str]:
-    return [p for p in PEERS if p not in variants]
+def missing_peers(variants, not_run=()) -> list[str]:
+    """The peers a record lacks, but for those its experiment leaves out on
+    purpose (not_run)."""
+    return [p for p in PEERS if p not in variants and p not in not_run]
 
 
-def not_measured(variants) -> str:
-    """A note naming the peers a record lacks ('' when it has them all)."""
-    missing = missing_peers(variants)
-    return (f"\n\n*Not measured in this record: {', '.join(missing)} (a run of the current suite adds "
-            f"{'it' if len(missing) == 1 else 'them'}).*" if missing else "")
+def not_measured(variants, not_run=(), why="") -> str:
+    """A note naming the peers a record lacks ('' when it has them all), and
+    why the ones not_run were left out (why)."""
+    missing = missing_peers(variants, not_run)
+    left_out = [p for p in not_run if p not in variants]
+    return ((f"\n\n*Not measured in this record: {', '.join(missing)} (a run of the current suite adds "
+             f"{'it' if len(missing) == 1 else 'them'}).*" if missing else "")
+            + (f"\n\n*Not run here: {', '.join(left_out)} ({why}).*" if left_out and why else ""))
 
 
-def gloo_cell(best: tuple[str, float] | None, variants, fmt: str) -> str:
+def gloo_cell(best: tuple[str, float] | None, variants, fmt: str, not_run=()) -> str:
     """The headline's gloo column: the best gloo figure and which gloo it was,
-    and the gloo peers the record lacks."""
-    missing = [p for p in GLOO_PEERS if p not in variants]
+    and the gloo peers the record lacks (but for those left out on purpose)."""
+    missing = [p for p in GLOO_PEERS if p not in variants and p not in not_run]
     text = f"{fmt.format(best[1])} ({best[0]})" if best else "not measured"
     return text + (f"; {', '.join(missing)} not measured" if best and missing else "")
 

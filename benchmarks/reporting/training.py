@@ -43,8 +43,9 @@ def sec_models(rec, out):
             if measured:
                 r0 = run["rows"][0]
                 how = (f"4 ranks sharing 2 cores, batch {r0['batch']} per rank ({r0['input']}): `{run['command']}`; "
-                       "gloo with `--backend gloo`, gloo-4dev with `--backend gloo --gloo-devices vnics`"
-                       + (", single with `--policy single`" if "single" in rows else "") + "; "
+                       + ", ".join(f"{v} with `{flags}`" for v, flags in (
+                           ("gloo", "--backend gloo"), ("gloo-4dev", "--backend gloo --gloo-devices vnics"),
+                           ("single", "--policy single")) if v in rows) + "; "
                        "exposed comm = backward's wait for the gradient sync after its last gradient, measured in "
                        "the step; compute = forward and backward under no_sync")
             else:
@@ -53,7 +54,7 @@ def sec_models(rec, out):
                          + table(["backend", "iteration s", "compute s", "iteration − compute s"]
                                  + (["exposed comm s", "samples/s"] if measured else [])
                                  + [f"% less {what} than {g[0] if g else 'gloo'} (best gloo)"], trs)
-                         + not_measured(rows))
+                         + not_measured(rows, run.get("not_run", ()), run.get("why_not_run", "")))
     fig, ax = plt.subplots(figsize=(6, 3.4))
     width = 0.8 / max(1, len(vals))
     for i, (v, ys) in enumerate(vals.items()):

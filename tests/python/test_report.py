@@ -104,6 +104,21 @@ def test_records_without_the_new_peers_say_so(tmp_path):
     assert lb[0].startswith("allreduce busbw with background") and lb[2] == "not measured" and lb[3] == "-", lb
 
 
+def test_ddp_beside_the_fastest_gloo_only_says_why_the_others_did_not_run(tmp_path):
+    recs = load(DATA)
+    mod = copy.deepcopy(recs["models"])
+    ddp = mod["data"]["runs"]["vgg19/ddp"]
+    ddp["rows"] = [r for r in ddp["rows"] if r["variant"] in ("adaptive", "gloo-4dev")]
+    ddp["not_run"], ddp["why_not_run"] = ["gloo", "single"], "DDP runs beside the gloo whose bucket sync was fastest"
+    _, body = training.sec_models(mod, str(tmp_path))
+    assert body.count("*Not run here: gloo, single (DDP runs beside the gloo whose bucket sync was fastest).*") == 1
+    vgg_ddp = body[body.index("**vgg19** under DDP"):body.index("**bert-large** under DDP")]
+    assert "Not measured" not in vgg_ddp and "`--backend gloo --gloo-devices vnics`" in vgg_ddp
+    assert "gloo with `--backend gloo`" not in vgg_ddp, vgg_ddp
+    row = next(r for r in headline.headline({"models": mod}) if r[0] == "vgg19 exposed comm (DDP) per iteration")
+    assert row[2].endswith("(gloo-4dev)"), row
+
+
 def test_load_balance_with_gloo_peers_has_no_path_shares(tmp_path):
     recs = load(DATA)
     lb = copy.deepcopy(recs["load_balance"])
