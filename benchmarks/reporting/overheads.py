@@ -84,7 +84,9 @@ def sec_footprint(rec, out):
     return ("Footprint and CPU cost per rank (loopback)",
             f"Per rank, after one small allreduce in a fresh group: threads, open file descriptors, resident "
             f"memory (MB, torch included) and set-up time (s, init_process_group to the first allreduce), median "
-            f"(min-max) over every rank of {fp['trials']} interleaved launches; maestro with {fp['paths']} paths "
+            f"(min-max) over every rank of {launches(fp['trials'])}"
+            + (f" (one above {fp['once_above']} ranks)" if fp.get("once_above") else "")
+            + f"; maestro with {fp['paths']} paths "
             f"per peer{eager}.\n\n"
             + table(header, rows)
             + f"\n\nAllreduce of {size} MiB on this host (maestro's defaults: 4 loopback paths), both groups in the "

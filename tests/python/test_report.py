@@ -119,6 +119,16 @@ def test_ddp_beside_the_fastest_gloo_only_says_why_the_others_did_not_run(tmp_pa
     assert row[2].endswith("(gloo-4dev)"), row
 
 
+def test_footprint_says_how_many_launches_each_figure_is_over(tmp_path):
+    recs = load(DATA)
+    fp = copy.deepcopy(recs["footprint"])
+    fp["data"]["footprint"].update(trials=2, once_above=8)
+    fp["data"]["subgroups"]["trials"] = 1
+    md = report.render({"footprint": fp}, str(tmp_path))
+    assert "over every rank of 2 interleaved launches (one above 8 ranks);" in md, md
+    assert "over every rank of one launch per variant, " in md, md
+
+
 def test_load_balance_with_gloo_peers_has_no_path_shares(tmp_path):
     recs = load(DATA)
     lb = copy.deepcopy(recs["load_balance"])
