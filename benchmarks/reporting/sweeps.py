@@ -101,6 +101,22 @@ def plot_sweep(ax, run: dict, title: str, limit: float | None, spread: bool = Fa
     ax.legend(fontsize=8)
 
 
+def timing_note(runs) -> str:
+    """How a sweep's cells were timed, from what its rows say."""
+    rows = [r for run in runs for r in run["rows"]]
+    cold = sorted({r["bytes"] for r in rows if r.get("warmups") == 0})
+    note = ("Cells: busbw of the median of the cell's timed iterations (each timed on the slowest rank; "
+            "the spread in the plots), every result checked after the cell's first call")
+    if cold:
+        note += (f"; cells of {', '.join(size_label(b) for b in cold)} have no warm-up call (their variant ran a cell "
+                 "of 16 MiB or more just before, on the same connections), and their check follows their first "
+                 "timed call, untimed")
+    twos = sorted({r["bytes"] for r in rows} - {r["bytes"] for r in rows if r["iters"] != 2})
+    if twos:
+        note += f"; {', '.join(size_label(b) for b in twos)}: 2 iterations, their mean"
+    return note + "."
+
+
 def sec_collectives(rec, out):
     limit = rec["data"]["physical_limit_GBps"] * 1e3
     parts = []
@@ -132,7 +148,8 @@ def sec_collectives(rec, out):
             f"nccl-tests busbw on 4 ranks (the ring crosses the core twice; physical limit {limit:.0f} MB/s = the "
             f"sum of the 4 core links one crossing uses, each {rec['data']['core_mbit']} Mbit/s), every load "
             "balancing policy and the peers in the same processes: gloo (one device), gloo-4dev (one gloo device "
-            "per vNIC address; one collective still takes one device) and single (maestro on one path).\n\n"
+            "per vNIC address; one collective still takes one device) and single (maestro on one path). "
+            + timing_note(rec["data"]["runs"].values()) + "\n\n"
             + "\n\n".join(parts))
 
 
@@ -209,7 +226,7 @@ def sec_p2p_alltoall(rec, out):
             "gloo device per vNIC address, adaptive@alltoall_window=2 = the default policy with two all-to-all "
             "steps in flight instead of every step, adaptive@exchange_window=8 = the default policy with the "
             "path window's 8 chunks of the exchange a path instead of the 2 the tuner holds across hosts "
-            "(where present in the record). Every result was checked after the warm-up.\n\n"
+            "(where present in the record). Every result was checked after its first call.\n\n"
             + "\n\n".join(parts) + "\n\n" + save(fig, out, "p2p_alltoall"))
 
 
@@ -393,7 +410,7 @@ def sec_tuner(rec, out):
             "medians; the ratios are of those medians (ring / recursive_doubling above 1: recursive doubling "
             "is faster; auto / gloo below 1: maestro is faster); CPU s/GB: each rank's CPU seconds (all its "
             "threads, over the timed iterations) per GB of messages, the mean over ranks, median over trials. "
-            "Every result was checked after the warm-up.\n\n"
+            "Every result was checked after its first call.\n\n"
             + "\n\n".join(parts)
             + "\n\nThe largest size at which recursive_doubling was faster than ring, per setting:\n\n"
             + "\n".join(crossings)
