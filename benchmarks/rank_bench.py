@@ -140,10 +140,12 @@ def calls_within(seconds: float, size: int, est_Bps: float) -> int:
     return int(seconds / max(size / est_Bps, 1e-4))
 
 
-WARM_BYTES = 16 << 20  # warmups_for(): a variant that ran a cell this large is warm for the largest
+WARM_BYTES = 16 << 20  # warmups_for(): a cell this large gives its variant's rate for the next one
+LONG_CALL_S = 8.0      # warmups_for(): a call expected to take this long needs no warm-up call
 
 
-def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10, largest_run: int = 0) -> int:
+def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10, expected_s: float = 0.0,
+                long_call_s: float = LONG_CALL_S) -> int:
     """Calls of a sweep cell before it is timed: as many as fit in `seconds`
     at est_Bps, 1 to `most` (the same count on every rank). One call of a
     small message leaves the TCP congestion windows where a fresh or idle
@@ -151,11 +153,13 @@ def warmups_for(size: int, est_Bps: float, seconds: float = 0.2, most: int = 10,
     opened, some lazily by that call): on the pinned lab, the first of six
     interleaved 64 KiB trials had medians 1.5-2x the other five's, for
     maestro (4 paths per peer, 12 connections) and gloo alike.
-    None for a cell of 64 MiB or more whose variant already ran one of
-    WARM_BYTES or more in this sweep (largest_run): its connections are open
-    and their windows grown by calls of seconds each, and one more call
-    of gloo at 256 MiB is 17 s."""
-    if size >= 64 << 20 and largest_run >= WARM_BYTES:
+    None where the variant's call is expected to take long_call_s or more
+    (expected_s: its last cell of WARM_BYTES or more, scaled to this size):
+    a new tensor's first-use costs are a few tenths of a second at 256 MiB
+    (maestro's first 64 and 256 MiB calls read up to 15 % slow on the lab,
+    at 1.1 and 4.4 s a call), lost in a call of gloo's 17 s at 256 MiB, and
+    one more such call is what a warm-up would cost."""
+    if expected_s >= long_call_s:
         return 0
     return max(1, min(most, calls_within(seconds, size, est_Bps)))
 
@@ -246,7 +250,7 @@ def cmd_sweep(args):
     log("READY")
     ready = time.monotonic()
     rows = []
-    largest_run = dict.fromkeys(variants, 0)
+    rate = {}  # variant -> seconds per byte of its last cell of WARM_BYTES or more
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         for v in variants:
             g = groups[v]
@@ -261,7 +265,8 @@ def cmd_sweep(args):
                 c0 = time.process_time()
                 checked.append(exact())
                 check_cpu[0] += time.process_time() - c0
-            warmups = warmups_for(size, SWEEP_EST_BPS, largest_run=largest_run[v])
+            warmups = warmups_for(size, SWEEP_EST_BPS, expected_s=rate.get(v, 0.0) * size,
+                                  long_call_s=args.long_call_s)
             if warmups:
                 fn()
                 check()
@@ -273,8 +278,9 @@ def cmd_sweep(args):
             cpu = cpu_s_per_GB(cpu0 + check_cpu[0] * (not warmups), size * len(times))
             ok = torch.tensor([float(checked[0])])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
-            largest_run[v] = max(largest_run[v], size)
             med = statistics.median(times)
+            if size >= WARM_BYTES:
+                rate[v] = med / size
             rows.append({"variant": v, "bytes": size, "seconds": med, "algbw_GBps": size / med / 1e9,
                          "busbw_GBps": size / med / 1e9 * factor, "iters": len(times), "warmups": warmups,
                          # when the cell began and how long it took, warm-up and check included (rank 0's
@@ -550,6 +556,8 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("sweep")
     p.add_argument("--collective", choices=SWEEP_COLLECTIVES, default="allreduce")
+    p.add_argument("--long-call-s", type=float, default=LONG_CALL_S,
+                   help="a cell whose call is expected to take this long runs no warm-up call (tests make it short)")
     p.add_argument("--sizes", default="4K,64K,1M,16M")
     p.add_argument("--variants", default="gloo," + ",".join(MAESTRO_POLICIES),
                    help="comma-separated: maestro policies (+congestion control), gloo, gloo-<n>dev")

@@ -104,13 +104,13 @@ def plot_sweep(ax, run: dict, title: str, limit: float | None, spread: bool = Fa
 def timing_note(runs) -> str:
     """How a sweep's cells were timed, from what its rows say."""
     rows = [r for run in runs for r in run["rows"]]
-    cold = sorted({r["bytes"] for r in rows if r.get("warmups") == 0})
+    cold = sorted({(r["bytes"], r["variant"]) for r in rows if r.get("warmups") == 0})
     note = ("Cells: busbw of the median of the cell's timed iterations (each timed on the slowest rank; "
             "the spread in the plots), every result checked after the cell's first call")
     if cold:
-        note += (f"; cells of {', '.join(size_label(b) for b in cold)} have no warm-up call (their variant ran a cell "
-                 "of 16 MiB or more just before, on the same connections), and their check follows their first "
-                 "timed call, untimed")
+        cells = ", ".join(f"{v} at {size_label(b)}" for b, v in cold)
+        note += (f"; these cells have no warm-up call, as one call of theirs takes 8 s or more (a new tensor's "
+                 f"first-use costs are lost in it), and their check follows their first timed call, untimed: {cells}")
     twos = sorted({r["bytes"] for r in rows} - {r["bytes"] for r in rows if r["iters"] != 2})
     if twos:
         note += f"; {', '.join(size_label(b) for b in twos)}: 2 iterations, their mean"
