@@ -45,8 +45,7 @@ struct AlgorithmName {
 inline constexpr AlgorithmName kAlgorithms[] = {{"allreduce", "ring"},
                                                 {"allreduce", "recursive_doubling"},
                                                 {"reduce", "ring"},
-                                                {"reduce", "direct"},
-                                                {"reduce", "tree"}};
+                                                {"reduce", "direct"}};
 
 // The knobs as resolved (defaults < MAESTRO_* environment < options). A
 // group settles every "auto" once, at its set-up, where the facts are
