@@ -236,6 +236,11 @@ def cmd_sweep(args):
     and algbw per variant, and whether each variant's result was exact."""
     n = dist.get_world_size()
     variants = args.variants.split(",")
+    # The largest size a variant runs (--up-to): its larger cells are not run.
+    up_to = {v: parse_size(s) for v, s in (kv.split("=", 1) for kv in args.up_to.split(",") if kv)}
+    unknown = sorted(set(up_to) - set(variants))
+    if unknown:
+        raise SystemExit(f"--up-to names {unknown}, which are not among --variants {variants}")
     groups = {v: make_group(v, maestro_extra(args)) for v in variants}
     # Rank 0's probed route (its first core hop) of every path per peer of
     # each maestro group; empty where discovery did not run, or where the
@@ -249,10 +254,31 @@ def cmd_sweep(args):
                 routes.setdefault(v, {}).setdefault(str(s["peer"]), []).append(s["route"])
     log("READY")
     ready = time.monotonic()
-    rows = []
     rate = {}  # variant -> seconds per byte of its last cell of WARM_BYTES or more
+    trials = []
+    for trial in range(args.trials):
+        # Each trial rotates the order of the variants: a sweep measures them one after another.
+        k = trial % len(variants)
+        order = variants[k:] + variants[:k]
+        if args.trials > 1:
+            log(f"  trial {trial + 1}/{args.trials}: {','.join(order)}")
+        trials.append({"order": order, "rows": sweep_trial(args, groups, order, up_to, rate, ready)})
+    out = {"collective": args.collective, "world": n, "routes": routes}
+    if up_to:
+        out["up_to"] = up_to
+    # One trial: its rows, as before; more: each trial's order and rows.
+    emit({**out, "rows": trials[0]["rows"]} if args.trials == 1 else {**out, "trials": trials})
+
+
+def sweep_trial(args, groups: dict, order: list, up_to: dict, rate: dict, ready: float) -> list:
+    """One pass of a sweep over its sizes, each size over the variants in
+    `order`: the rows (rate: each variant's seconds per byte of its last
+    cell of WARM_BYTES or more, kept from pass to pass)."""
+    rows = []
     for size in [parse_size(s) for s in args.sizes.split(",")]:
-        for v in variants:
+        for v in order:
+            if size > up_to.get(v, size):
+                continue
             g = groups[v]
             began = time.monotonic() - ready
             fn, factor, exact = sweep_op(args.collective, size, g)
@@ -291,7 +317,7 @@ def cmd_sweep(args):
                          "cpu_s_per_GB": cpu})
             log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw"
                 + ("" if ok.item() else "  WRONG RESULT"))
-    emit({"collective": args.collective, "world": n, "rows": rows, "routes": routes})
+    return rows
 
 
 # ---------------------------------------------------------------- p2p
@@ -407,24 +433,28 @@ def cmd_models(args):
     numels = [int(torch.Size(s).numel()) for s in train.parameter_shapes(args.model)]
     log(f"READY {args.model}: {sum(numels) / 1e6:.1f} M parameters")
     rows = []
-    buckets = ddp_buckets(numels, cap_bytes=25 << 20)
+    cap = 25 << 20  # DDP's bucket_cap_mb default
+    buckets = ddp_buckets(numels, cap_bytes=cap)
     tensors = [torch.ones(b) for b in buckets]
-    largest = max(tensors, key=lambda x: x.numel())
+    # The warm-up bucket: the largest of at most the cap (a full bucket)
+    warm = max((x for x in tensors if x.numel() * 4 <= cap), key=lambda x: x.numel(), default=tensors[0])
     for v, g in groups.items():
         def sync():
             works = [dist.all_reduce(x, group=g, async_op=True) for x in tensors]
             for w in works:
                 w.wait()
         if not args.no_warmup:
-            # The warm-up is the largest bucket's allreduce alone: it opens
-            # the connections and grows their windows as a whole sync's
-            # first buckets would (a whole sync is 9 to 86 s, a bucket well
-            # under 2); the other buckets' registration on first use stays
-            # in the timed sync, as in a DDP job's first step.
-            dist.all_reduce(largest, group=g)
+            # The warm-up is one full bucket's allreduce alone (the largest
+            # of at most the 25 MB cap): it opens the connections and grows
+            # their windows as a whole sync's first buckets would (a whole
+            # sync is 9 to 86 s, such a bucket 1 s on gloo). Not the
+            # largest bucket: VGG19's is one 411 MB parameter, 26 s on gloo.
+            # The other buckets' registration on first use stays in the
+            # timed sync, as in a DDP job's first step.
+            dist.all_reduce(warm, group=g)
         times = timed(sync, g, args.iters)
         rows.append({"variant": v, "sync_s": statistics.median(times), "buckets": len(buckets),
-                     "bytes": sum(buckets) * 4, "warmup": "none" if args.no_warmup else "largest bucket"})
+                     "bytes": sum(buckets) * 4, "warmup": "none" if args.no_warmup else f"a bucket of {warm.numel() * 4 / 1e6:.0f} MB"})
         log(f"  {args.model} {v:10} gradient sync {statistics.median(times):7.2f} s ({len(buckets)} buckets)")
     emit({"model": args.model, "parameters": sum(numels), "world": n, "buckets_only": True, "rows": rows})
 
@@ -563,6 +593,10 @@ def main():
                    help="comma-separated: maestro policies (+congestion control), gloo, gloo-<n>dev")
     p.add_argument("--budget", type=float, default=2.0, help="seconds per size and variant")
     p.add_argument("--discovery", action="store_true", help="maestro groups use MAESTRO_DISCOVERY=ttl")
+    p.add_argument("--trials", type=int, default=1,
+                   help="passes over the sizes, each rotating the order of the variants (groups made once); "
+                        "above 1 the RESULT has each pass's order and rows under `trials`")
+    p.add_argument("--up-to", default="", help="VARIANT=SIZE,...: the largest size a variant runs")
     p = sub.add_parser("p2p")
     p.add_argument("--size", default="64M")
     p.add_argument("--paths", default="1,2,3,4,5,6,7,8")

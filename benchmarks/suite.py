@@ -40,7 +40,11 @@ default address), gloo-4dev (gloo with one device per vNIC address of the
 host: whole collectives go round robin over the devices;
 benchmarks/gloo_devices.py), and single (maestro itself on one path:
 per-flow parity with gloo). p2p_paths has gloo and gloo-8dev (its hosts
-have 8 aliases) beside maestro on 1 to 8 paths.
+have 8 aliases) beside maestro on 1 to 8 paths. Where a peer adds nothing
+but minutes it is left out, and the record says which and why: the models'
+bucket syncs run without single, DDP beside one gloo, and the collectives
+run gloo-4dev in the pinned lab only and gloo-4dev and single (pinned) or
+gloo and single (ECMP) up to 64 MiB.
 """
 from __future__ import annotations
 
@@ -125,6 +129,17 @@ def run_ranks(lab, argv: list[str], *, hosts=None, env=None, timeout=900, on_rea
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def per_trial(res: dict) -> list[dict]:
+    """A sweep run with --trials K (one launch, its groups made once, each
+    pass rotating the order of the variants) as K results, each as a
+    one-pass sweep gives it, with its order: saves K-1 launches (5-10 s each
+    on the lab, more for 6 and 8 ranks on loopback)."""
+    if "trials" not in res:
+        return [res]
+    base = {k: v for k, v in res.items() if k != "trials"}
+    return [{**base, "order": t["order"], "rows": t["rows"]} for t in res["trials"]]
+
+
 # ---------------------------------------------------------------- experiments
 
 def exp_p2p_paths(ctx):
@@ -143,6 +158,10 @@ def exp_chunk_size(ctx):
     return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS, **res}
 
 
+COLLECTIVES_WHY = ("each peer runs on one path, at that path's rate from 4 MiB on, and a call of it at 256 MiB takes "
+                   "9-17 s; gloo-4dev runs as gloo, a collective taking one of its devices")
+
+
 def exp_collectives(ctx):
     sizes = "64K,4M" if ctx.quick else "4K,16K,64K,256K,1M,4M,16M,64M,256M"
     # adaptive+kernel: the default policy with MAESTRO_TCP_CONGESTION=kernel, the
@@ -150,9 +169,18 @@ def exp_collectives(ctx):
     # runs cubic where the kernel's default is bbr, as on the machine of
     # record: see docs/performance.md, "TCP congestion control").
     policies = ("adaptive",) if ctx.quick else ("adaptive", "adaptive+kernel", "round_robin", "weighted", "latency")
-    variants = ",".join(GLOO_PEERS + policies + ("single",))
     runs = {}
     for mode in ("pinned", "ecmp"):
+        # The peers run on one path each (gloo on its one device, gloo-4dev
+        # on one of its devices per collective, single on path 0): their
+        # rate is one path's from 4 MiB on, and a call of theirs at 256 MiB
+        # takes 9-17 s, 2 to 3 minutes of the sweep per peer and mode. So
+        # gloo-4dev runs in the pinned run only (in ECMP too it would take
+        # one device a collective: gloo's figures), and at 256 MiB gloo
+        # runs in the pinned run only; everywhere else every peer runs.
+        peers = GLOO_PEERS if mode == "pinned" else ("gloo",)
+        up_to = {"pinned": ("gloo-4dev", "single"), "ecmp": ("gloo", "single")}[mode]
+        variants = ",".join(peers + policies + ("single",))
         with ctx.lab("col" + mode[0], mode=mode) as lab:
             for coll in ("allreduce", "allgather"):
                 print(f"    {mode} {coll}", file=sys.stderr, flush=True)
@@ -161,7 +189,11 @@ def exp_collectives(ctx):
                 # the sweep records the route each path was given (none: no discovery).
                 argv = ["sweep", "--collective", coll, "--sizes", sizes, "--variants", variants,
                         "--budget", "0.5" if ctx.quick else "2"]
-                runs[f"{mode}/{coll}"] = run_ranks(lab, argv, timeout=2400)
+                if not ctx.quick:
+                    argv += ["--up-to", ",".join(f"{v}=64M" for v in up_to)]
+                runs[f"{mode}/{coll}"] = {**run_ranks(lab, argv, timeout=2400),
+                                          "not_run": [p for p in PEERS if p not in peers + ("single",)],
+                                          "why_not_run": COLLECTIVES_WHY}
     return {"lab": "4 hosts, 2 leaves, 4 spines", "core_mbit": CORE, "access_mbit": ACCESS,
             "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "runs": runs}
 
@@ -177,13 +209,10 @@ def exp_spines(ctx):
     sizes = "16M" if ctx.quick else "1M,64M"
     variants = ["adaptive", "adaptive@paths=4", "gloo"]
     trials = 1 if ctx.quick else 3
-    runs = []
     with ctx.lab("spn", hosts=4, leaves=2, spines=8, aliases=4, mode="ecmp") as lab:
-        for trial in range(trials):
-            order = variants[trial % len(variants):] + variants[:trial % len(variants)]
-            print(f"    trial {trial + 1}/{trials}", file=sys.stderr, flush=True)
-            runs.append(run_ranks(lab, ["sweep", "--collective", "allreduce", "--sizes", sizes, "--variants",
-                                        ",".join(order), "--budget", "0.5" if ctx.quick else "1.5"], timeout=1800))
+        runs = per_trial(run_ranks(lab, ["sweep", "--collective", "allreduce", "--sizes", sizes, "--variants",
+                                         ",".join(variants), "--trials", str(trials),
+                                         "--budget", "0.5" if ctx.quick else "1.5"], timeout=1800))
     return {"lab": "4 hosts, 2 leaves, 8 spines, 4 aliases per host, ECMP", "core_mbit": CORE, "access_mbit": ACCESS,
             "spines": 8, "aliases": 4, "physical_limit_GBps": min(ACCESS, 8 * CORE) / 8 / 1000,
             "variants": variants, "runs": runs}
@@ -269,14 +298,13 @@ def exp_mid_size(ctx):
         variants += ["round_robin", "round_robin@min_chunk_size=256K"]
     trials = 1 if ctx.quick else 4
     collectives = ("allreduce",) if ctx.quick else ("allreduce", "allgather")
-    runs = {c: [] for c in collectives}
+    runs = {}
     with ctx.lab("mid", mode="pinned") as lab:
-        for trial in range(trials):
-            order = variants[trial % len(variants):] + variants[:trial % len(variants)]
-            for coll in collectives:
-                print(f"    trial {trial + 1}/{trials}: {coll}", file=sys.stderr, flush=True)
-                runs[coll].append(run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants",
-                                                  ",".join(order), "--budget", "1.5"], timeout=1800))
+        for coll in collectives:
+            print(f"    {coll}", file=sys.stderr, flush=True)
+            runs[coll] = per_trial(run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants",
+                                                   ",".join(variants), "--trials", str(trials), "--budget", "1.5"],
+                                             timeout=1800))
     return {"lab": "4 hosts, 2 leaves, 4 spines, pinned", "core_mbit": CORE, "access_mbit": ACCESS,
             "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "variants": variants, "runs": runs}
 
@@ -291,9 +319,9 @@ def exp_tuner(ctx):
     whole vector) forced, and gloo, over small and mid sizes, in three
     settings: 4 ranks on the pinned lab of exp_collectives, and 4, 6 and 8
     ranks of this host over loopback (no shaper: where the CPU and the
-    steps' latency decide). Interleaved trials, each rotating the order of
-    the variants and running every setting; a cell runs 20 timed iterations
-    (1 MiB: as many as the budget plans) after its warm-up."""
+    steps' latency decide). Each setting is one launch of interleaved
+    trials, each rotating the order of the variants; a cell runs 20 timed
+    iterations (1 MiB: as many as the budget plans) after its warm-up."""
     import footprint
     sizes = "16K,256K" if ctx.quick else "64,1K,4K,8K,16K,64K,256K,512K,1M"
     variants = TUNER_VARIANTS
@@ -302,38 +330,42 @@ def exp_tuner(ctx):
     loopback = {"loopback-4": 4, "loopback-6": 6, "loopback-8": 8}
     settings = {"lab": "4 ranks on the pinned lab (4 hosts, 2 leaves, 4 spines)",
                 **{k: f"{n} ranks on this host over loopback" for k, n in loopback.items()}}
-    runs = {k: [] for k in settings}
+    runs = {}
     with ctx.lab("tun", mode="pinned") as lab:
-        for trial in range(trials):
-            order = variants[trial % len(variants):] + variants[:trial % len(variants)]
-            # --budget 0.5: the sizes up to 256 KiB run 20 timed iterations
-            # whatever the budget (the cap), 1 MiB too from 0.42 s on.
-            argv = ["sweep", "--collective", "allreduce", "--sizes", sizes, "--variants", ",".join(order),
-                    "--budget", "0.5"]
-            for key in settings:
-                print(f"    trial {trial + 1}/{trials}: {key}", file=sys.stderr, flush=True)
-                if key in loopback:
-                    runs[key].append(footprint.launch_script(loopback[key], [os.path.join(ROOT, RANK), *argv]))
-                else:
-                    runs[key].append(run_ranks(lab, argv))
+        # --budget 0.5: the sizes up to 256 KiB run 20 timed iterations
+        # whatever the budget (the cap), 1 MiB too from 0.42 s on.
+        argv = ["sweep", "--collective", "allreduce", "--sizes", sizes, "--variants", ",".join(variants),
+                "--trials", str(trials), "--budget", "0.5"]
+        for key in settings:
+            print(f"    {key}", file=sys.stderr, flush=True)
+            if key in loopback:
+                runs[key] = per_trial(footprint.launch_script(loopback[key], [os.path.join(ROOT, RANK), *argv]))
+            else:
+                runs[key] = per_trial(run_ranks(lab, argv))
     return {"lab": "4 hosts, 2 leaves, 4 spines, pinned; and this host's loopback", "core_mbit": CORE,
             "access_mbit": ACCESS, "variants": variants, "settings": settings, "runs": runs}
 
 
+MODELS_WHY = "maestro on one path syncs as gloo does: the collectives sweep has single beside gloo at every size"
+
+
 def exp_models(ctx):
     out = {}
-    # --quick leaves single out here and syncs ResNet-50's buckets, not
-    # VGG19's (a fifth of the bytes): on gloo VGG19's sync alone takes 37 s,
-    # and the smoke run has a time budget.
-    # One timed sync after a warm-up of the largest bucket (rank_bench
-    # models): a sync is 9 (VGG19) to 51 (BERT-large) bucket allreduces,
-    # 0.6 to 1.3 GB, and takes 9 to 86 s.
-    peers = GLOO_PEERS if ctx.quick else PEERS
+    # --quick syncs ResNet-50's buckets, not VGG19's (a fifth of the
+    # bytes): on gloo VGG19's sync alone takes 37 s, and the smoke run has a
+    # time budget. One timed sync after a warm-up of one full bucket
+    # (rank_bench models): a sync is 9 (VGG19) to 51 (BERT-large) bucket
+    # allreduces, 0.6 to 1.3 GB, and takes 9 to 86 s. Beside the two gloos,
+    # not single: maestro on one path syncs as gloo does (the collectives
+    # sweep shows single's rate equal to gloo's at every size), and its
+    # syncs took 38 and 86 s.
+    peers = GLOO_PEERS
     with ctx.lab("mod", mode="pinned") as lab:
         for model in ("resnet50",) if ctx.quick else ("vgg19", "bert-large"):
             argv = ["models", "--model", model, "--iters", "1",
                     "--variants", ",".join(("adaptive",) + peers)]
-            out[f"{model}/buckets"] = run_ranks(lab, argv + (["--no-warmup"] if ctx.quick else []), timeout=3000)
+            out[f"{model}/buckets"] = {**run_ranks(lab, argv + (["--no-warmup"] if ctx.quick else []), timeout=3000),
+                                       "not_run": ["single"], "why_not_run": MODELS_WHY}
         if not ctx.no_ddp:
             # The training itself, benchmarks/train.py; --quick: ResNet-50
             # (25.6 M parameters, a fifth of VGG19's gradient bytes). Beside

@@ -66,7 +66,8 @@ def sec_chunk_size(rec, out):
 
 def sweep_grid(run: dict) -> tuple[list[str], list[int], dict]:
     """A sweep's (rank_bench.py sweep) variants in run order, its sizes
-    ascending, and its rows by (variant, bytes)."""
+    ascending, and its rows by (variant, bytes): a variant run up to a
+    smaller size (--up-to) has no row above it."""
     rows = run["rows"]
     return (list(dict.fromkeys(r["variant"] for r in rows)), sorted({r["bytes"] for r in rows}),
             {(r["variant"], r["bytes"]): r for r in rows})
@@ -81,8 +82,9 @@ def iter_busbw(row: dict) -> list[float]:
 def plot_sweep(ax, run: dict, title: str, limit: float | None, spread: bool = False) -> None:
     """busbw (MB/s) vs size, a line per variant (gloo dashed), the physical
     limit dotted; spread: each point's min-max over iterations as error bars."""
-    variants, sizes, get = sweep_grid(run)
+    variants, all_sizes, get = sweep_grid(run)
     for i, v in enumerate(variants):
+        sizes = [s for s in all_sizes if (v, s) in get]
         ys = [get[(v, s)]["busbw_GBps"] * 1e3 for s in sizes]
         style = "s--" if is_gloo(v) else "o-"
         if spread:  # each variant's bars a little aside, so that they do not hide one another
@@ -99,6 +101,17 @@ def plot_sweep(ax, run: dict, title: str, limit: float | None, spread: bool = Fa
     ax.set_ylabel("busbw (MB/s)")
     ax.set_title(title)
     ax.legend(fontsize=8)
+
+
+def not_run_note(run: dict, variants: list) -> str:
+    """The peers a sweep left out on purpose (not_run), the variants it ran
+    up to a smaller size only (--up-to), and why ('' when none)."""
+    cells = [p for p in run.get("not_run", ()) if p not in variants]
+    cells += [f"{v} above {size_label(b)}" for v, b in run.get("up_to", {}).items()]
+    if not cells:
+        return ""
+    why = f" ({run['why_not_run']})" if run.get("why_not_run") else ""
+    return f"\n\n*Not run: {', '.join(cells)}{why}.*"
 
 
 def timing_note(runs) -> str:
@@ -128,14 +141,14 @@ def sec_collectives(rec, out):
                + ["best gloo", "best maestro policy / best gloo", "single / gloo"])
         trs = []
         for s in sizes:
-            bw = {v: get[(v, s)]["busbw_GBps"] for v in variants}
+            bw = {v: get[(v, s)]["busbw_GBps"] for v in variants if (v, s) in get}
             g = best_gloo(bw)
             best = max((x for v, x in bw.items() if not is_gloo(v) and v != "single"), default=None)
-            trs.append([size_label(s)] + [x * 1e3 for x in bw.values()]
+            trs.append([size_label(s)] + [bw[v] * 1e3 if v in bw else "-" for v in variants]
                        + [g[0] if g else "-", best / g[1] if g and best else "-",
                           bw["single"] / bw["gloo"] if "single" in bw and "gloo" in bw else "-"])
         parts.append(f"**{key}** ({ecmp_settings(run)})\n\n" if key.startswith("ecmp") else f"**{key}**\n\n")
-        parts[-1] += table(hdr, trs) + not_measured(variants) + "\n\n"
+        parts[-1] += table(hdr, trs) + not_run_note(run, variants) + not_measured(variants, run.get("not_run", ())) + "\n\n"
         cpu = cpu_cells([run])
         if cpu:
             parts[-1] += ("CPU seconds per GB of messages (each rank's, all its threads, over the timed iterations; "

@@ -23,7 +23,7 @@ def sec_models(rec, out):
             parts.append(f"**{model}**, gradient buckets only ({run['parameters'] / 1e6:.1f} M parameters, "
                          f"{run['rows'][0]['buckets']} DDP buckets)\n\n"
                          + table(["backend", "sync s / iteration", f"% less than {g[0] if g else 'gloo'} (best gloo)"],
-                                 trs) + not_measured(rows))
+                                 trs) + not_measured(rows, run.get("not_run", ()), run.get("why_not_run", "")))
             label = f"{model}\n(sync)"
             for v, r in rows.items():
                 vals.setdefault(v, {})[label] = r["sync_s"]

@@ -53,6 +53,40 @@ def test_a_long_cell_runs_no_warm_up_and_is_still_checked():
     assert all(r["exact"] for r in rows), rows
 
 
+def test_trials_rotate_the_variants_in_one_launch_and_up_to_leaves_larger_cells_out():
+    # The suite's trials in one launch (--trials): each pass rotates the
+    # order, every pass has every cell, each checked; --up-to: single stops
+    # at 4 KiB, in every pass.
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "benchmarks/rank_bench.py", "sweep", "--collective", "allgather", "--sizes", "4K,64K",
+            "--variants", "gloo,adaptive,single", "--budget", "0.02", "--trials", "3", "--up-to", "single=4K"]
+    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0, p.stderr[-4000:]
+    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    res = json.loads(line[len("RESULT "):])
+    assert "rows" not in res and res["up_to"] == {"single": 4 << 10}
+    orders = [["gloo", "adaptive", "single"], ["adaptive", "single", "gloo"], ["single", "gloo", "adaptive"]]
+    assert [t["order"] for t in res["trials"]] == orders
+    for t, order in zip(res["trials"], orders):
+        assert [(r["bytes"], r["variant"]) for r in t["rows"]] == (
+            [(4 << 10, v) for v in order] + [(64 << 10, v) for v in order if v != "single"])
+        assert all(r["exact"] and r["busbw_GBps"] > 0 for r in t["rows"]), t
+    import suite
+    runs = suite.per_trial(res)
+    assert [r["order"] for r in runs] == orders and all(r["collective"] == "allgather" for r in runs)
+    assert [r["rows"] for r in runs] == [t["rows"] for t in res["trials"]]
+
+
+def test_up_to_naming_a_variant_not_swept_is_refused():
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "benchmarks/rank_bench.py", "sweep", "--sizes", "4K", "--variants", "gloo", "--up-to", "single=4K"]
+    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode != 0
+    assert "--up-to names ['single'], which are not among --variants ['gloo']" in p.stderr
+
+
 class _Clock:
     """time.perf_counter for rank_bench: each fn() of timed() advances it by
     the next of the durations given."""

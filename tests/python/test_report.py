@@ -83,8 +83,13 @@ def without_peers(recs: dict, peers=("gloo-4dev", "single")) -> dict:
     recs = copy.deepcopy(recs)
     for run in recs["collectives"]["data"]["runs"].values():
         run["rows"] = [r for r in run["rows"] if r["variant"] not in peers]
-    for run in recs["models"]["data"]["runs"].values():
+        for key in ("not_run", "why_not_run", "up_to"):
+            run.pop(key, None)
+    for key, run in recs["models"]["data"]["runs"].items():
         run["rows"] = [r for r in run["rows"] if r["variant"] not in peers]
+        if key.endswith("/buckets"):
+            run.pop("not_run", None)
+            run.pop("why_not_run", None)
     lb = recs["load_balance"]["data"]["runs"]
     for p in peers:
         lb.pop(p, None)
@@ -104,6 +109,28 @@ def test_records_without_the_new_peers_say_so(tmp_path):
     assert "| nan" not in md and "| inf" not in md
     lb = headline.headline(recs)[-1]
     assert lb[0].startswith("allreduce busbw with background") and lb[2] == "not measured" and lb[3] == "-", lb
+
+
+def test_collectives_say_which_peers_ran_up_to_a_smaller_size_or_not_at_all(tmp_path):
+    recs = load(DATA)
+    col = copy.deepcopy(recs["collectives"])
+    why = "a peer runs on one path"
+    pinned, ecmp = col["data"]["runs"]["pinned/allreduce"], col["data"]["runs"]["ecmp/allreduce"]
+    top = max(r["bytes"] for r in pinned["rows"])
+    pinned["rows"] = [r for r in pinned["rows"] if not (r["variant"] in ("gloo-4dev", "single") and r["bytes"] == top)]
+    pinned.update(up_to={"gloo-4dev": top // 4, "single": top // 4}, not_run=[], why_not_run=why)
+    ecmp["rows"] = [r for r in ecmp["rows"] if r["variant"] != "gloo-4dev"
+                    and not (r["variant"] in ("gloo", "single") and r["bytes"] == top)]
+    ecmp.update(up_to={"gloo": top // 4, "single": top // 4}, not_run=["gloo-4dev"], why_not_run=why)
+    _, body = sweeps.sec_collectives(col, str(tmp_path))
+    assert "*Not run: gloo-4dev above 64 MiB, single above 64 MiB (a peer runs on one path).*" in body, body
+    assert "*Not run: gloo-4dev, gloo above 64 MiB, single above 64 MiB (a peer runs on one path).*" in body, body
+    ecmp_part = body[body.index("**ecmp/allreduce**"):body.index("**ecmp/allgather**")]
+    assert "gloo-4dev" not in ecmp_part.replace("Not run: gloo-4dev,", ""), ecmp_part
+    assert "Not measured" not in body.replace(body[body.index("**pinned/allgather**"):body.index("**ecmp/allreduce**")], "")
+    # The largest size's row: the cells not run are "-", the ratio to single too.
+    last = [l for l in ecmp_part.splitlines() if l.startswith("| 256 MiB")][0].split(" | ")
+    assert last[-3:] == ["-", "-", "- |"], last
 
 
 def test_ddp_beside_the_fastest_gloo_only_says_why_the_others_did_not_run(tmp_path):
