@@ -322,8 +322,9 @@ std::vector<Knob> schedulingKnobs() {
            return s;
          });
        }},
-      {"small_msg", "MAESTRO_SMALL_MSG", "16K",
-       "policy=latency: messages up to this many bytes take the lowest-RTT path", true,
+      {"small_msg", "MAESTRO_SMALL_MSG", "4K",
+       "policy=adaptive: a message up to this many bytes goes whole to the idle path with the lowest RTT (none "
+       "idle: in turn); policy=latency: to the lowest-RTT path, idle or not", true,
        [](const Config& c) { return std::to_string(c.small_msg); },
        [](Config& c, const std::string& v) { c.small_msg = parseSize("MAESTRO_SMALL_MSG", v); }},
       {"eager_size", "MAESTRO_EAGER_SIZE", "64K",

@@ -75,7 +75,7 @@ struct Config {
   std::map<std::string, std::string> algo;
   size_t reg_cache_size = 256;          // registrations kept per group
   size_t reg_cache_bytes = 0;           // bytes they may cover when idle; 0 = auto (regCacheBytes)
-  size_t small_msg = 16 * 1024;         // latency policy: messages up to this size
+  size_t small_msg = 4 * 1024;          // adaptive, latency: a message up to this size is latency-bound
   size_t eager_size = 64 * 1024;        // point to point: messages up to this size go eager (0: off)
   bool busy_poll = false;               // spin on the completion queue (verbs) / event loop (tcp)
   double path_timeout = 2.0;            // the backstop: seconds with chunks and no progress before a path is declared down

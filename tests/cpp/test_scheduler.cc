@@ -335,6 +335,38 @@ TEST(Scheduler, LatencyPinsSmallMessagesToTheLowestRtt) {
   EXPECT_EQ(1, s->assign(v, 100));
 }
 
+// A small message is latency-bound: adaptive sends it whole to the idle
+// path with the lowest RTT, never behind another path's chunks, and takes
+// turns (the shared queue) only when every live path holds chunks; a larger
+// one is always spread.
+TEST(Scheduler, AdaptiveSendsASmallMessageToTheIdlePathWithTheLowestRtt) {
+  std::vector<PathView> v(4);
+  auto d = make("adaptive");  // the default: up to 4 KiB
+  EXPECT_EQ(0, d->assign(v, 4096));  // nothing measured: the first idle path
+  EXPECT_EQ(kAnyPath, d->assign(v, 4097));
+  auto s = make("adaptive", {{"small_msg", "16K"}});
+  EXPECT_EQ(0, s->assign(v, 4096));
+  v[0].rtt = 0.004;
+  v[1].rtt = 0.001;
+  v[2].rtt = 0.0005;
+  v[3].rtt = 0;  // unmeasured: after every measured one
+  EXPECT_EQ((std::vector<int>{2, 2, 2}), schedule(*s, v, 3, 4096));  // sticks to it while it is idle
+  EXPECT_EQ(2, s->assign(v, 16 * 1024));
+  EXPECT_EQ(kAnyPath, s->assign(v, 16 * 1024 + 1));  // larger: spread
+  v[2].inflight = 1;  // busy: the next lowest RTT that is idle
+  EXPECT_EQ(1, s->assign(v, 4096));
+  v[1].inflight = 2;
+  v[0].inflight = 1;
+  EXPECT_EQ(3, s->assign(v, 4096));  // idle, unmeasured
+  v[3].inflight = 1;
+  EXPECT_EQ(kAnyPath, s->assign(v, 4096));  // every path holds chunks: in turn
+  v[3].inflight = 0;
+  v[3].up = false;
+  EXPECT_EQ(kAnyPath, s->assign(v, 4096));  // a path that is down is not idle
+  for (auto& p : v) p.up = false;
+  EXPECT_EQ(kNoPath, s->assign(v, 4096));
+}
+
 }  // namespace
 }  // namespace multipath
 }  // namespace maestro
