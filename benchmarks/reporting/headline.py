@@ -40,7 +40,8 @@ def headline(recs: dict) -> list[list]:
                         continue
                     m = get[variant]
                     rows.append([f"allreduce {size_label(size)} busbw, " + (ecmp_label(run) if mode == "ecmp" else mode)
-                                 + how, f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})", gloo_cell(g, get, "{:.0f} MB/s"),
+                                 + how, f"{m:.0f} MB/s ({m / limit:.0%} of {limit:.0f})",
+                                 gloo_cell(g, get, "{:.0f} MB/s", run.get("not_run", ())),
                                  f"**{m / g[1]:.2f}x**" if g else "-", "≥ 2x on collectives"])
     sp = recs.get("spines")
     if sp and sp["status"] == "ok":

@@ -69,14 +69,16 @@ def perf_targets(recs: dict) -> tuple[str, list[str]]:
         used.append("collectives")
         limit = col["data"]["physical_limit_GBps"] * 1e3
         for mode, target in (("pinned", ">= 0.90 x limit, >= 3.5x gloo"), ("ecmp", ">= 0.85 x limit")):
-            bw = allreduce_busbw(col["data"]["runs"][f"{mode}/allreduce"], 64 << 20)
+            run = col["data"]["runs"][f"{mode}/allreduce"]
+            bw = allreduce_busbw(run, 64 << 20)
             g = best_gloo(bw)
             cells = [f"{v}: {bw[v]:.1f} MB/s = {bw[v] / limit:.2f} x limit"
                      + (f", **{bw[v] / g[1]:.2f}x** the best gloo" if g else "")
                      for v in ("adaptive", congestion_variant(bw)) if v in bw]
-            label = ecmp_label(col["data"]["runs"][f"{mode}/allreduce"]) if mode == "ecmp" else mode
+            label = ecmp_label(run) if mode == "ecmp" else mode
             rows.append([f"{label}, 64 MiB allreduce busbw",
-                         "; ".join(cells + [f"best gloo {gloo_cell(g, bw, '{:.1f} MB/s')}"]), target])
+                         "; ".join(cells + [f"best gloo {gloo_cell(g, bw, '{:.1f} MB/s', run.get('not_run', ()))}"]),
+                         target])
     dis = recs.get("discovery")
     if dis and dis["status"] == "ok":
         used.append("discovery")
