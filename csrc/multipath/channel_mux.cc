@@ -159,6 +159,12 @@ void ChannelMux::onWriteArrived(int peer, int path, uint32_t imm, uint32_t lengt
           [&](ChannelSink* s, int r) { s->onWriteArrived(r, path, withChannel(imm, 0), length); });
 }
 
+bool ChannelMux::landedAlready(int peer, uint32_t imm) {
+  bool landed = false;
+  deliver(immChannel(imm), peer, [&](ChannelSink* s, int r) { landed = s->landedAlready(r, withChannel(imm, 0)); });
+  return landed;
+}
+
 void ChannelMux::onMessage(int peer, int path, const uint8_t* data, size_t length) {
   // Too short to name a channel: the owner reports the protocol error.
   const uint32_t channel = length > kControlChannelByte ? data[kControlChannelByte] : 0;

@@ -121,6 +121,7 @@ class EngineCore : public ChannelSink {
   // CompletionSink
   void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) override;
   void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) override;
+  bool landedAlready(int peer, uint32_t imm) override;
   void onMessage(int peer, int path, const uint8_t* data, size_t length) override;
   void onPathError(int peer, int path, const std::string& what) override;
   void onPathFenced(int peer, int path, uint64_t mark) override;

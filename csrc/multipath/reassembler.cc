@@ -83,6 +83,14 @@ bool Reassembler::complete(uint32_t tag) const {
   return m.expected && m.processed == m.chunks;
 }
 
+bool Reassembler::landed(uint32_t tag, uint32_t chunk) const {
+  if (messages_.empty() || tag >= kUsedTags) return false;
+  const Message& m = messages_[tag];
+  if (m.released) return true;
+  const size_t word = chunk / 64;
+  return word < m.bitmap.size() && (m.bitmap[word] & (1ull << (chunk % 64))) != 0;
+}
+
 void Reassembler::release(uint32_t tag) {
   Message& m = at(tag);
   m = Message();

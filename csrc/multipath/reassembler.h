@@ -45,6 +45,9 @@ class Reassembler {
   // A hook finished; returns true when that completed the message.
   bool processed(uint32_t tag);
   bool complete(uint32_t tag) const;
+  // Whether chunk `chunk` of message `tag` is in place already (or the
+  // message was released): a copy of it arriving now is a duplicate.
+  bool landed(uint32_t tag, uint32_t chunk) const;
   // The receiver is done with the message. Until reset() the tag drops every
   // chunk (a failover's second copy of a chunk that had landed): such a copy
   // must not pass for an early chunk of the tag's next use.

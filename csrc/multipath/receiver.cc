@@ -119,6 +119,15 @@ void EngineCore::onWriteArrived(int peer, int path, uint32_t imm, uint32_t lengt
   }
 }
 
+bool EngineCore::landedAlready(int peer, uint32_t imm) {
+  if (peer < 0 || peer >= size_ || peer == rank_) return false;  // onWriteArrived reports it
+  Peer& p = *peers_[peer];
+  const uint32_t tag = immTag(imm);
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (!isP2PTag(tag) && (tag >> kEpochShift) != current_epoch_.load()) return false;  // not ours to judge
+  return p.reassembler.landed(tag, immChunk(imm));
+}
+
 void EngineCore::recycleTag(int peer, uint32_t tag) {
   MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
   MAESTRO_CHECK(tag < kUsedTags, "tag ", tag, " out of range");

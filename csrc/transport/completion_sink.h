@@ -20,6 +20,13 @@ class CompletionSink {
   virtual void onWriteComplete(int peer, int path, uint64_t wr_id, bool ok) = 0;
   // Receiver side: a write with an immediate has landed in our memory.
   virtual void onWriteArrived(int peer, int path, uint32_t imm, uint32_t length) = 0;
+  // Receiver side, asked before a write with an immediate is placed: whether
+  // the chunk it carries has landed already (a failover's second copy,
+  // arriving after the first). The transport then drops it unwritten and
+  // ACKs it as a stale write: written again, its bytes would race the
+  // reader of a slot whose message is complete (same bytes, but nothing
+  // orders the late copy against that read).
+  virtual bool landedAlready(int peer, uint32_t imm) { return false; }
   // Receiver side: a two-sided control message.
   virtual void onMessage(int peer, int path, const uint8_t* data, size_t length) = 0;
   // The path is dead. Raised once per path and connection, and always

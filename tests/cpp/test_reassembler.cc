@@ -38,6 +38,29 @@ TEST(Reassembler, DuplicatesAreCountedOnce) {
   EXPECT_TRUE(r.processed(1));
 }
 
+// What the transport asks before placing a copy (landedAlready): a chunk
+// is in place once land() took it, early or not, and every chunk of a
+// released message counts as in place until its tags are reset.
+TEST(Reassembler, SaysWhichChunksAreInPlace) {
+  Reassembler r(100);
+  ChunkSpan span;
+  std::shared_ptr<ChunkHook> h;
+  std::string err;
+  EXPECT_FALSE(r.landed(5, 0));  // nothing yet, not even a table
+  EXPECT_EQ(Reassembler::Landed::kEarly, r.land(5, 1, 100, &span, &h, &err));
+  EXPECT_TRUE(r.landed(5, 1));
+  EXPECT_FALSE(r.landed(5, 0));
+  EXPECT_FALSE(r.landed(5, 130));  // beyond the bitmap
+  r.expect(5, 300, nullptr);
+  EXPECT_EQ(Reassembler::Landed::kNew, r.land(5, 0, 100, &span, &h, &err));
+  EXPECT_TRUE(r.landed(5, 0));
+  EXPECT_FALSE(r.landed(5, 2));
+  r.release(5);
+  EXPECT_TRUE(r.landed(5, 2));
+  r.reset(5, 1);
+  EXPECT_FALSE(r.landed(5, 0));
+}
+
 TEST(Reassembler, EarlyChunksAreHandedBackByExpect) {
   Reassembler r(100);
   ChunkSpan span;

@@ -96,6 +96,7 @@ PathCounters TcpPath::counters() const {
   }
   out.counters["tcp_total_retrans"] = info.tcpi_total_retrans;  // segments
   out.counters["writes_dropped_by_fence"] = rx_fenced_drops_.load();
+  out.counters["writes_dropped_as_duplicates"] = rx_duplicate_drops_.load();
   if (alive_) {
     std::lock_guard<std::mutex> lock(mu_);
     out.counters["single_copy_bytes_sent"] = reference_bytes_;
@@ -382,6 +383,16 @@ bool TcpPath::finishFrame(std::string* error) {
             grant.release();
             verdict = RegionTable::Verdict::kStale;
           }
+          // A failover's second copy of a chunk that has landed already:
+          // dropped unwritten, like a stale one (written again, its bytes
+          // would race the reader of the complete message's slot). A
+          // reference is asked again just before its copy (finishReference).
+          if (verdict == RegionTable::Verdict::kGranted && (h.flags & kFlagImm) && sink_->landedAlready(peer_, h.imm)) {
+            rx_duplicate_drops_.fetch_add(1, std::memory_order_relaxed);
+            MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a second copy of a chunk that has landed");
+            grant.release();
+            verdict = RegionTable::Verdict::kStale;
+          }
           // Not granted: a late duplicate for an earlier exposure.
           if (verdict == RegionTable::Verdict::kGranted) {
             rx_grant_ = std::move(grant);
@@ -461,6 +472,10 @@ bool TcpPath::finishReference(std::string* error) {
   rx_ = Rx::kHeader;
   const FrameHeader& h = rx_header_;
   bool arrived = false;
+  if (rx_grant_ && (h.flags & kFlagImm) && sink_->landedAlready(peer_, h.imm)) {
+    rx_duplicate_drops_.fetch_add(1, std::memory_order_relaxed);
+    releaseGrant();  // its other copy landed while its address was read: nothing is copied
+  }
   if (rx_grant_) {
     std::string why;
     same_host::Read read = same_host::read(peer_offer_, rx_reference_, rx_grant_.dst(), h.length, &why);

@@ -197,6 +197,7 @@ class TcpPath : public EventLoop::Handler, public std::enable_shared_from_this<T
   // below the second.
   uint64_t rx_marks_ = 0;
   uint64_t rx_drop_until_ = 0;
+  std::atomic<uint64_t> rx_duplicate_drops_{0};  // WRITEs whose chunk had landed already (landedAlready)
   std::atomic<uint64_t> rx_fenced_drops_{0};  // WRITEs dropped so
 };
 
