@@ -13,12 +13,16 @@ Reassembler::Message& Reassembler::at(uint32_t tag) {
   return messages_[tag];
 }
 
+bool Reassembler::isSet(const Message& m, uint32_t chunk) {
+  const size_t word = chunk / 64;
+  return word < m.bitmap.size() && (m.bitmap[word] & (1ull << (chunk % 64))) != 0;
+}
+
 bool Reassembler::testAndSet(Message& m, uint32_t chunk) {
-  size_t word = chunk / 64;
+  if (isSet(m, chunk)) return false;
+  const size_t word = chunk / 64;
   if (m.bitmap.size() <= word) m.bitmap.resize(word + 1, 0);
-  uint64_t bit = 1ull << (chunk % 64);
-  if (m.bitmap[word] & bit) return false;
-  m.bitmap[word] |= bit;
+  m.bitmap[word] |= 1ull << (chunk % 64);
   return true;
 }
 
@@ -86,9 +90,7 @@ bool Reassembler::complete(uint32_t tag) const {
 bool Reassembler::landed(uint32_t tag, uint32_t chunk) const {
   if (messages_.empty() || tag >= kUsedTags) return false;
   const Message& m = messages_[tag];
-  if (m.released) return true;
-  const size_t word = chunk / 64;
-  return word < m.bitmap.size() && (m.bitmap[word] & (1ull << (chunk % 64))) != 0;
+  return m.released || isSet(m, chunk);
 }
 
 void Reassembler::release(uint32_t tag) {

@@ -70,6 +70,7 @@ class Reassembler {
     bool released = false;
     bool inUse() const { return expected || !early.empty(); }
   };
+  static bool isSet(const Message& m, uint32_t chunk);
   bool testAndSet(Message& m, uint32_t chunk);
   Message& at(uint32_t tag);
 

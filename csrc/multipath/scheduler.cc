@@ -16,14 +16,14 @@ bool anyUp(const std::vector<PathView>& paths) {
   return false;
 }
 
-// The live path with nothing in flight or queued and the lowest measured
-// RTT (one not measured yet counts after every measured one; ties go to
-// the lowest index), or kNoPath when every live path holds chunks.
-int idleLowestRtt(const std::vector<PathView>& paths) {
+// The live path with the lowest measured RTT (one not measured yet counts
+// after every measured one; ties go to the lowest index), among those with
+// nothing in flight or queued if idle_only; kNoPath when there is none.
+int lowestRtt(const std::vector<PathView>& paths, bool idle_only) {
   int best = kNoPath;
   double best_rtt = 0;
   for (size_t p = 0; p < paths.size(); ++p) {
-    if (!paths[p].up || paths[p].inflight > 0) continue;
+    if (!paths[p].up || (idle_only && paths[p].inflight > 0)) continue;
     const double rtt = paths[p].rtt > 0 ? paths[p].rtt : std::numeric_limits<double>::max();
     if (best == kNoPath || rtt < best_rtt) {
       best = static_cast<int>(p);
@@ -157,7 +157,7 @@ class Adaptive : public Scheduler {
   const char* name() const override { return policyName(Policy::kAdaptive); }
   int assign(const std::vector<PathView>& paths, uint64_t message_bytes) override {
     if (message_bytes <= small_msg_) {
-      const int idle = idleLowestRtt(paths);
+      const int idle = lowestRtt(paths, /*idle_only=*/true);
       if (idle >= 0) return idle;
     }
     return anyUp(paths) ? kAnyPath : kNoPath;
@@ -303,17 +303,7 @@ class Latency : public Adaptive {
   const char* name() const override { return policyName(Policy::kLatency); }
   int assign(const std::vector<PathView>& paths, uint64_t message_bytes) override {
     if (message_bytes > small_msg_) return Adaptive::assign(paths, message_bytes);
-    int best = kNoPath;
-    double best_rtt = std::numeric_limits<double>::infinity();
-    for (size_t p = 0; p < paths.size(); ++p) {
-      if (!paths[p].up) continue;
-      double rtt = paths[p].rtt > 0 ? paths[p].rtt : std::numeric_limits<double>::max();
-      if (best == kNoPath || rtt < best_rtt) {
-        best = static_cast<int>(p);
-        best_rtt = rtt;
-      }
-    }
-    return best;
+    return lowestRtt(paths, /*idle_only=*/false);
   }
 };
 
