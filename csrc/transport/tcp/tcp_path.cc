@@ -386,8 +386,9 @@ bool TcpPath::finishFrame(std::string* error) {
           // A failover's second copy of a chunk that has landed already:
           // dropped unwritten, like a stale one (written again, its bytes
           // would race the reader of the complete message's slot). A
-          // reference is asked again just before its copy (finishReference).
-          if (verdict == RegionTable::Verdict::kGranted && (h.flags & kFlagImm) && sink_->landedAlready(peer_, h.imm)) {
+          // reference is asked once, just before its copy (finishReference).
+          if (!by_reference && verdict == RegionTable::Verdict::kGranted && (h.flags & kFlagImm) &&
+              sink_->landedAlready(peer_, h.imm)) {
             rx_duplicate_drops_.fetch_add(1, std::memory_order_relaxed);
             MAESTRO_TRACE("path ", path_, " from rank ", peer_, ": dropped a second copy of a chunk that has landed");
             grant.release();
@@ -474,7 +475,7 @@ bool TcpPath::finishReference(std::string* error) {
   bool arrived = false;
   if (rx_grant_ && (h.flags & kFlagImm) && sink_->landedAlready(peer_, h.imm)) {
     rx_duplicate_drops_.fetch_add(1, std::memory_order_relaxed);
-    releaseGrant();  // its other copy landed while its address was read: nothing is copied
+    releaseGrant();  // its other copy has landed: nothing is copied
   }
   if (rx_grant_) {
     std::string why;
