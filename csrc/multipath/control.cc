@@ -1,6 +1,7 @@
 // The control channel: small two-sided messages (operation descriptors,
 // credits, barrier tokens, aborts, point-to-point handshakes, health and
-// hunting notices), sent on the lowest-numbered live path and re-sent
+// hunting notices), sent on the path the policy gives them (the lowest
+// probed RTT under adaptive and latency: scheduler.h) and re-sent
 // elsewhere if that path closes before a probe confirms them. onMessage()
 // checks the header and hands each type to the handler its protocol
 // registered (registerControl()).
@@ -12,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "multipath/scheduler.h"
 
 namespace maestro {
 namespace multipath {
@@ -20,17 +22,13 @@ using namespace detail;
 // ---------------------------------------------------------------- control
 
 int EngineCore::controlPath(const Peer& peer) const {
-  // Control messages are small: the lowest-RTT live path under the latency
-  // policy, else the first live one.
-  int best = -1;
+  std::vector<PathView> views(peer.paths.size());
   for (size_t i = 0; i < peer.paths.size(); ++i) {
-    if (!peer.usable(i)) continue;
-    if (best < 0) best = static_cast<int>(i);
-    if (config_.policy == Policy::kLatency && peer.paths[i].rtt > 0 &&
-        (peer.paths[best].rtt <= 0 || peer.paths[i].rtt < peer.paths[best].rtt))
-      best = static_cast<int>(i);
+    views[i].up = peer.usable(i);
+    views[i].rtt = peer.paths[i].rtt;
   }
-  return best;
+  const int p = multipath::controlPath(config_.policy, views);
+  return p == kNoPath ? -1 : p;
 }
 
 void EngineCore::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub, const void* payload,

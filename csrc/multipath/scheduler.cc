@@ -320,5 +320,12 @@ std::unique_ptr<Scheduler> makeScheduler(const Config& config) {
   fail("unknown policy");
 }
 
+int controlPath(Policy policy, const std::vector<PathView>& paths) {
+  if (policy == Policy::kAdaptive || policy == Policy::kLatency) return lowestRtt(paths, /*idle_only=*/false);
+  for (size_t p = 0; p < paths.size(); ++p)
+    if (paths[p].up) return static_cast<int>(p);
+  return kNoPath;
+}
+
 }  // namespace multipath
 }  // namespace maestro

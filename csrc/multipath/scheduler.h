@@ -57,5 +57,13 @@ class Scheduler {
 // One scheduler per peer (schedulers keep per-peer state such as a cursor).
 std::unique_ptr<Scheduler> makeScheduler(const Config& config);
 
+// The path for a control message (a barrier token, an operation descriptor,
+// a credit: small and latency-bound, so one queued behind another flow's
+// bytes waits for them). Under the policies that read RTT (adaptive,
+// latency) the live path with the lowest measured RTT, as for their small
+// messages; under the others the first live one. kNoPath when none is up.
+// Only `up` and `rtt` are read.
+int controlPath(Policy policy, const std::vector<PathView>& paths);
+
 }  // namespace multipath
 }  // namespace maestro

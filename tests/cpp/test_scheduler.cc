@@ -367,6 +367,32 @@ TEST(Scheduler, AdaptiveSendsASmallMessageToTheIdlePathWithTheLowestRtt) {
   EXPECT_EQ(kNoPath, s->assign(v, 4096));
 }
 
+// Control messages (barrier tokens, descriptors) are latency-bound like a
+// small message: under adaptive and latency the live path with the lowest
+// RTT, busy or not (a control message is a few bytes); under the policies
+// that ignore RTT the first live path.
+TEST(Scheduler, ControlMessagesTakeTheLowestRttPathUnderThePoliciesThatReadIt) {
+  std::vector<PathView> v(4);
+  EXPECT_EQ(0, controlPath(Policy::kAdaptive, v));  // nothing measured: the first
+  v[0].rtt = 0.004;
+  v[1].rtt = 0.001;
+  v[2].rtt = 0.0005;
+  v[2].inflight = 8;  // busy with data: still the one
+  v[3].rtt = 0;       // unmeasured: after every measured one
+  EXPECT_EQ(2, controlPath(Policy::kAdaptive, v));
+  EXPECT_EQ(2, controlPath(Policy::kLatency, v));
+  EXPECT_EQ(0, controlPath(Policy::kRoundRobin, v));
+  EXPECT_EQ(0, controlPath(Policy::kWeighted, v));
+  EXPECT_EQ(0, controlPath(Policy::kSingle, v));
+  v[2].up = false;
+  EXPECT_EQ(1, controlPath(Policy::kAdaptive, v));
+  v[0].up = false;
+  EXPECT_EQ(1, controlPath(Policy::kRoundRobin, v));
+  for (auto& p : v) p.up = false;
+  EXPECT_EQ(kNoPath, controlPath(Policy::kAdaptive, v));
+  EXPECT_EQ(kNoPath, controlPath(Policy::kSingle, v));
+}
+
 }  // namespace
 }  // namespace multipath
 }  // namespace maestro

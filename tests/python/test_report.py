@@ -14,7 +14,7 @@ DATA = os.path.join(ROOT, "docs", "results", "data")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import report  # noqa: E402
-from reporting import headline, link_events, overheads, peers, performance, sweeps, training  # noqa: E402
+from reporting import headline, link_events, overheads, path_choice, peers, performance, sweeps, training  # noqa: E402
 from reporting.common import load  # noqa: E402
 from reporting.sanity import sanity  # noqa: E402
 
@@ -59,6 +59,17 @@ def test_headline_adds_a_mid_size_row_where_the_sweep_has_1_mib():
     assert big[0] == "allreduce 64 MiB busbw, pinned" and "MAESTRO_TCP_CONGESTION=kernel" in kernel[0], (big, kernel)
     # The default only at 1 MiB, against the same gloo at that size.
     assert mid[0] == "allreduce 1 MiB busbw, pinned" and mid[1].startswith("45 MB/s") and mid[3] == "**4.50x**", mid
+
+
+def test_latency_under_load_puts_the_default_beside_the_policies_that_ignore_rtt_and_gloo():
+    rows = [{"variant": v, "barrier_s": t} for v, t in
+            (("latency", 0.0007), ("adaptive", 0.0006), ("round_robin", 0.012), ("single", 0.0145),
+             ("gloo", 0.0123), ("gloo-4dev", 0.013))]
+    note = path_choice.under_load_note(rows)
+    assert "0.6 ms: **20.0x faster** than the best policy that ignores RTT (round_robin, 12 ms)" in note
+    assert "20.5x faster than gloo (12.3 ms)" in note
+    assert path_choice.under_load_note([r for r in rows if r["variant"] != "adaptive"]) == ""
+    assert "gloo" not in path_choice.under_load_note([r for r in rows if "gloo" not in r["variant"]])
 
 
 def test_sweeps_that_measured_cpu_show_it_per_size_and_variant(tmp_path):
