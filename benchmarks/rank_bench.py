@@ -241,6 +241,7 @@ def cmd_sweep(args):
     unknown = sorted(set(up_to) - set(variants))
     if unknown:
         raise SystemExit(f"--up-to names {unknown}, which are not among --variants {variants}")
+    repeat, repeat_up_to = parse_repeat(args.repeat, variants)
     groups = {v: make_group(v, maestro_extra(args)) for v in variants}
     # Rank 0's probed route (its first core hop) of every path per peer of
     # each maestro group; empty where discovery did not run, or where the
@@ -258,16 +259,37 @@ def cmd_sweep(args):
     trials = []
     for trial in range(args.trials):
         # Each trial rotates the order of the variants: a sweep measures them one after another.
-        k = trial % len(variants)
-        order = variants[k:] + variants[:k]
+        pool, limits = variants, up_to
+        if trial and repeat:  # a later pass: only the repeated variants, up to their size
+            pool = repeat
+            limits = {v: min(up_to.get(v, repeat_up_to), repeat_up_to) for v in repeat}
+        k = trial % len(pool)
+        order = pool[k:] + pool[:k]
         if args.trials > 1:
             log(f"  trial {trial + 1}/{args.trials}: {','.join(order)}")
-        trials.append({"order": order, "rows": sweep_trial(args, groups, order, up_to, rate, ready)})
+        trials.append({"order": order, "rows": sweep_trial(args, groups, order, limits, rate, ready)})
     out = {"collective": args.collective, "world": n, "routes": routes}
     if up_to:
         out["up_to"] = up_to
+    if repeat:
+        out["repeat"] = {"variants": repeat, "up_to": repeat_up_to}
     # One trial: its rows, as before; more: each trial's order and rows.
     emit({**out, "rows": trials[0]["rows"]} if args.trials == 1 else {**out, "trials": trials})
+
+
+def parse_repeat(spec: str, variants: list) -> tuple[list, int]:
+    """--repeat "adaptive,round_robin:64M" -> (["adaptive", "round_robin"], 64 MiB); ([], 0) when empty.
+    Refused: no size, or a variant that is not swept."""
+    if not spec:
+        return [], 0
+    names, colon, size = spec.rpartition(":")
+    if not colon or not names or not size:
+        raise SystemExit(f"--repeat {spec!r}: expected VARIANT,...:SIZE")
+    repeat = names.split(",")
+    unknown = sorted(set(repeat) - set(variants))
+    if unknown:
+        raise SystemExit(f"--repeat names {unknown}, which are not among --variants {variants}")
+    return repeat, parse_size(size)
 
 
 def sweep_trial(args, groups: dict, order: list, up_to: dict, rate: dict, ready: float) -> list:
@@ -597,6 +619,9 @@ def main():
                    help="passes over the sizes, each rotating the order of the variants (groups made once); "
                         "above 1 the RESULT has each pass's order and rows under `trials`")
     p.add_argument("--up-to", default="", help="VARIANT=SIZE,...: the largest size a variant runs")
+    p.add_argument("--repeat", default="",
+                   help="VARIANT,...:SIZE: the passes after the first (--trials) run only these variants, up to "
+                        "SIZE (the others' cells once: a median over passes where it is worth their time)")
     p = sub.add_parser("p2p")
     p.add_argument("--size", default="64M")
     p.add_argument("--paths", default="1,2,3,4,5,6,7,8")

@@ -11,7 +11,8 @@ under each). Needs root (network namespaces).
 Experiments (paper figure):
     p2p_paths     Fig. 8   point-to-point bandwidth vs paths (64 KiB writes), maestro vs one path vs gloo
     chunk_size    Fig. 9   per-chunk completion times and throughput vs chunk size
-    collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP
+    collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP (adaptive and
+                           round_robin up to 64 MiB: the median of 3 interleaved passes)
     p2p_alltoall  -        sendrecv (ring neighbours, batch_isend_irecv) and all_to_all_single busbw vs size,
                            maestro (adaptive) vs gloo and vs maestro on one path, pinned
     mid_size      -        allreduce/allgather 256 KiB-4 MiB, pinned: the defaults (a mid-size message cut into one
@@ -140,6 +141,28 @@ def per_trial(res: dict) -> list[dict]:
     return [{**base, "order": t["order"], "rows": t["rows"]} for t in res["trials"]]
 
 
+def median_of_trials(res: dict) -> dict:
+    """A sweep run with --trials K (and --repeat: only some cells in the
+    later passes) as one sweep whose rows are the first pass's cells in its
+    order, each the row of its median pass (the middle busbw; the lower
+    middle of an even count) with every pass's busbw beside it
+    (trials_busbw_GBps) and `exact` only where every pass was; the passes
+    themselves stay under `trials`."""
+    if "trials" not in res:
+        return res
+    passes = {}
+    for t in res["trials"]:
+        for r in t["rows"]:
+            passes.setdefault((r["variant"], r["bytes"]), []).append(r)
+    rows = []
+    for r in res["trials"][0]["rows"]:
+        cell = passes[(r["variant"], r["bytes"])]
+        mid = sorted(cell, key=lambda x: x["busbw_GBps"])[(len(cell) - 1) // 2]
+        rows.append({**mid, "exact": all(x["exact"] for x in cell),
+                     "trials_busbw_GBps": [x["busbw_GBps"] for x in cell]})
+    return {**res, "rows": rows}
+
+
 # ---------------------------------------------------------------- experiments
 
 def exp_p2p_paths(ctx):
@@ -160,6 +183,16 @@ def exp_chunk_size(ctx):
 
 COLLECTIVES_WHY = ("each peer runs on one path, at that path's rate from 4 MiB on, and a call of it at 256 MiB takes "
                    "9-17 s; gloo-4dev runs as gloo, a collective taking one of its devices")
+
+
+# The cells the targets are judged on run in interleaved passes, each pass
+# rotating the order: the default policy and round_robin up to 64 MiB. A
+# single pass reads within a few percent at 4-64 MiB (16 MiB allgather:
+# 0.84-0.92 of the limit over passes on the same lab), and the median of
+# three says what one pass cannot. The other cells run once: the peers'
+# one-path rate does not move, and 256 MiB holds steady at 4 s a call.
+COLLECTIVES_TRIALS = 3
+COLLECTIVES_REPEAT = "adaptive,round_robin:64M"
 
 
 def exp_collectives(ctx):
@@ -190,8 +223,9 @@ def exp_collectives(ctx):
                 argv = ["sweep", "--collective", coll, "--sizes", sizes, "--variants", variants,
                         "--budget", "0.5" if ctx.quick else "2"]
                 if not ctx.quick:
-                    argv += ["--up-to", ",".join(f"{v}=64M" for v in up_to)]
-                runs[f"{mode}/{coll}"] = {**run_ranks(lab, argv, timeout=2400),
+                    argv += ["--up-to", ",".join(f"{v}=64M" for v in up_to),
+                             "--trials", str(COLLECTIVES_TRIALS), "--repeat", COLLECTIVES_REPEAT]
+                runs[f"{mode}/{coll}"] = {**median_of_trials(run_ranks(lab, argv, timeout=2400)),
                                           "not_run": [p for p in PEERS if p not in peers + ("single",)],
                                           "why_not_run": COLLECTIVES_WHY}
     return {"lab": "4 hosts, 2 leaves, 4 spines", "core_mbit": CORE, "access_mbit": ACCESS,

@@ -92,6 +92,10 @@ def plot_sweep(ax, run: dict, title: str, limit: float | None, spread: bool = Fa
             xs = [s * 2 ** (0.12 * (i - (len(variants) - 1) / 2)) for s in sizes]
             ax.errorbar(xs, ys, yerr=[[y - min(b) for y, b in zip(ys, its)], [max(b) - y for y, b in zip(ys, its)]],
                         fmt=style, capsize=3, label=v)
+        elif any(len(get[(v, s)].get("trials_busbw_GBps", ())) > 1 for s in sizes):  # passes: their min-max
+            tb = [[x * 1e3 for x in get[(v, s)].get("trials_busbw_GBps", [get[(v, s)]["busbw_GBps"]])] for s in sizes]
+            ax.errorbar(sizes, ys, yerr=[[y - min(b) for y, b in zip(ys, tb)], [max(b) - y for y, b in zip(ys, tb)]],
+                        fmt=style, capsize=3, label=v)
         else:
             ax.plot(sizes, ys, style, label=v)
     if limit is not None:
@@ -130,6 +134,23 @@ def timing_note(runs) -> str:
     return note + "."
 
 
+def busbw_cell(row: dict) -> float | str:
+    """A sweep cell's busbw (MB/s): the number, or 'median (min-max)' over
+    the passes of a cell run in several (median_of_trials)."""
+    passes = [x * 1e3 for x in row.get("trials_busbw_GBps", ())]
+    return spread_cell(row["busbw_GBps"] * 1e3, passes) if len(passes) > 1 else row["busbw_GBps"] * 1e3
+
+
+def passes_note(run: dict) -> str:
+    """Which cells of a sweep are medians over passes ('' when none)."""
+    rep = run.get("repeat")
+    if not rep or len(run.get("trials", ())) < 2:
+        return ""
+    return (f"\n\n*{', '.join(rep['variants'])} up to {size_label(rep['up_to'])}: the median of "
+            f"{len(run['trials'])} interleaved passes, each rotating their order (min-max beside it); every other "
+            "cell: one pass.*")
+
+
 def sec_collectives(rec, out):
     limit = rec["data"]["physical_limit_GBps"] * 1e3
     parts = []
@@ -144,11 +165,12 @@ def sec_collectives(rec, out):
             bw = {v: get[(v, s)]["busbw_GBps"] for v in variants if (v, s) in get}
             g = best_gloo(bw)
             best = max((x for v, x in bw.items() if not is_gloo(v) and v != "single"), default=None)
-            trs.append([size_label(s)] + [bw[v] * 1e3 if v in bw else "-" for v in variants]
+            trs.append([size_label(s)] + [busbw_cell(get[(v, s)]) if v in bw else "-" for v in variants]
                        + [g[0] if g else "-", best / g[1] if g and best else "-",
                           bw["single"] / bw["gloo"] if "single" in bw and "gloo" in bw else "-"])
         parts.append(f"**{key}** ({ecmp_settings(run)})\n\n" if key.startswith("ecmp") else f"**{key}**\n\n")
-        parts[-1] += table(hdr, trs) + not_run_note(run, variants) + not_measured(variants, run.get("not_run", ())) + "\n\n"
+        parts[-1] += (table(hdr, trs) + passes_note(run) + not_run_note(run, variants)
+                      + not_measured(variants, run.get("not_run", ())) + "\n\n")
         cpu = cpu_cells([run])
         if cpu:
             parts[-1] += ("CPU seconds per GB of messages (each rank's, all its threads, over the timed iterations; "

@@ -61,6 +61,27 @@ def test_headline_adds_a_mid_size_row_where_the_sweep_has_1_mib():
     assert mid[0] == "allreduce 1 MiB busbw, pinned" and mid[1].startswith("45 MB/s") and mid[3] == "**4.50x**", mid
 
 
+def test_collectives_show_the_spread_of_the_cells_run_in_several_passes(tmp_path):
+    import suite
+    row = {"variant": "adaptive", "bytes": 16 << 20, "seconds": 1.0, "iters": 3, "times": [1.0] * 3, "exact": True}
+    res = {"collective": "allreduce", "world": 4, "repeat": {"variants": ["adaptive"], "up_to": 64 << 20},
+           "trials": [{"order": ["gloo", "adaptive"], "rows": [{**row, "variant": "gloo", "busbw_GBps": 0.024},
+                                                                {**row, "busbw_GBps": 0.088}]},
+                      {"order": ["adaptive"], "rows": [{**row, "busbw_GBps": 0.092, "exact": False}]},
+                      {"order": ["adaptive"], "rows": [{**row, "busbw_GBps": 0.090}]}]}
+    run = suite.median_of_trials(res)
+    ad = run["rows"][1]
+    assert ad["busbw_GBps"] == 0.090 and ad["trials_busbw_GBps"] == [0.088, 0.092, 0.090]
+    assert ad["exact"] is False  # a wrong pass is not hidden by the median
+    assert sweeps.busbw_cell(ad) == "90.0 (88.0-92.0)" and sweeps.busbw_cell(run["rows"][0]) == 24.0
+    assert "adaptive up to 64 MiB: the median of 3 interleaved passes" in sweeps.passes_note(run)
+    assert sweeps.passes_note({"rows": run["rows"]}) == ""
+    rec = {"experiment": "collectives", "status": "ok",
+           "data": {"physical_limit_GBps": 0.1, "core_mbit": 200, "runs": {"pinned/allreduce": run}}}
+    _, text = sweeps.sec_collectives(rec, str(tmp_path))
+    assert "| 90.0 (88.0-92.0) |" in text and "the median of 3 interleaved passes" in text
+
+
 def test_latency_under_load_puts_the_default_beside_the_policies_that_ignore_rtt_and_gloo():
     rows = [{"variant": v, "barrier_s": t} for v, t in
             (("latency", 0.0007), ("adaptive", 0.0006), ("round_robin", 0.012), ("single", 0.0145),
