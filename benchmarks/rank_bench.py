@@ -171,7 +171,7 @@ def emit(result: dict) -> None:
 
 # ---------------------------------------------------------------- sweep
 
-SWEEP_COLLECTIVES = ("allreduce", "allgather", "sendrecv", "alltoall")
+SWEEP_COLLECTIVES = ("allreduce", "allgather", "sendrecv", "alltoall", "reduce")
 SWEEP_EST_BPS = 50e6  # the rate a sweep plans its warm-up and iterations with (bytes/s)
 
 
@@ -192,12 +192,13 @@ def sweep_pattern(count: int, offset: int = 0) -> torch.Tensor:
 
 def sweep_op(collective: str, size: int, g):
     """One cell of a sweep, as nccl-tests counts it: (fn, factor, exact).
-    fn() runs the collective once on group g with `size` bytes (allreduce:
-    the tensor; allgather: the gathered output; sendrecv: what each rank
-    sends to rank+1 and receives from rank-1, posted together with
-    batch_isend_irecv; alltoall: what each rank sends, its own share
-    included, in equal splits); busbw = algbw * factor; exact() says whether
-    the output holds what one fn() gives (checked after the cell's first call)."""
+    fn() runs the collective once on group g with `size` bytes (allreduce,
+    reduce into the group's rank 0: the tensor; allgather: the gathered
+    output; sendrecv: what each rank sends to rank+1 and receives from
+    rank-1, posted together with batch_isend_irecv; alltoall: what each
+    rank sends, its own share included, in equal splits); busbw = algbw *
+    factor; exact() says whether the output holds what one fn() gives
+    (checked after the cell's first call)."""
     rank, n = dist.get_rank(), dist.get_world_size()  # every group of the sweep spans the world
     P = PATTERN_PERIOD
     pattern = sweep_pattern
@@ -206,6 +207,12 @@ def sweep_op(collective: str, size: int, g):
         t = pattern(count) + rank
         want = pattern(count) * n + n * (n - 1) // 2
         return (lambda: dist.all_reduce(t, group=g)), 2 * (n - 1) / n, lambda: bool(torch.equal(t, want))
+    if collective == "reduce":  # into rank 0: only its tensor is defined after (gloo writes the others)
+        count = max(size // 4, 1)
+        t = pattern(count) + rank
+        want = pattern(count) * n + n * (n - 1) // 2
+        return (lambda: dist.reduce(t, dst=dist.get_global_rank(g, 0), group=g)), 1.0, \
+            lambda: rank != 0 or bool(torch.equal(t, want))
     if collective == "sendrecv":
         count = max(size // 4, 1)
         x, got = pattern(count) + rank * P, torch.empty(count)

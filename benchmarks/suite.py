@@ -19,7 +19,8 @@ Experiments (paper figure):
                            chunk per path, a mid-size ring step sent chunk by chunk) beside
                            MAESTRO_MIN_CHUNK_SIZE=256K (whole chunks and steps), adaptive and round_robin,
                            interleaved trials in rotating order
-    tuner         -        allreduce 64 B-1 MiB: auto, ring, recursive doubling, gloo; lab, 4, 6 and 8 ranks on loopback
+    tuner         -        allreduce 64 B-1 MiB: auto, ring, recursive doubling, gloo; lab, 4, 6 and 8 ranks on loopback;
+                           reduce 4-256 KiB on the lab: auto, direct, tree, ring, gloo
     models        Fig.11   VGG19 / BERT-large gradient sync alone, and training under DDP with
                            benchmarks/train.py, maestro vs gloo (--quick: ResNet-50's sync and training)
     load_balance  Fig.12c  per-path share under background traffic vs residual capacity, and gloo beside it
@@ -344,6 +345,9 @@ def exp_mid_size(ctx):
 
 
 TUNER_VARIANTS = ["adaptive", "adaptive@algo=ring", "adaptive@algo=recursive_doubling", "gloo"]
+# A reduce into rank 0: the tuner (auto) beside each of its algorithms forced, and gloo.
+REDUCE_VARIANTS = ["adaptive", "adaptive@algo=reduce:direct", "adaptive@algo=reduce:tree",
+                   "adaptive@algo=reduce:ring", "gloo"]
 
 
 def exp_tuner(ctx):
@@ -355,7 +359,9 @@ def exp_tuner(ctx):
     ranks of this host over loopback (no shaper: where the CPU and the
     steps' latency decide). Each setting is one launch of interleaved
     trials, each rotating the order of the variants; a cell runs 20 timed
-    iterations (1 MiB: as many as the budget plans) after its warm-up."""
+    iterations (1 MiB: as many as the budget plans) after its warm-up. And
+    the reduce's: auto beside direct, tree and ring forced, and gloo, on
+    the lab, in interleaved trials too."""
     import footprint
     sizes = "16K,256K" if ctx.quick else "64,1K,4K,8K,16K,64K,256K,512K,1M"
     variants = TUNER_VARIANTS
@@ -376,8 +382,15 @@ def exp_tuner(ctx):
                 runs[key] = per_trial(footprint.launch_script(loopback[key], [os.path.join(ROOT, RANK), *argv]))
             else:
                 runs[key] = per_trial(run_ranks(lab, argv))
+        # The reduce's rules on the lab: each algorithm forced beside auto and gloo.
+        print("    reduce (lab)", file=sys.stderr, flush=True)
+        reduce = per_trial(run_ranks(lab, ["sweep", "--collective", "reduce", "--sizes",
+                                           "16K,64K" if ctx.quick else "4K,16K,64K,256K",
+                                           "--variants", ",".join(REDUCE_VARIANTS), "--trials", str(trials),
+                                           "--budget", "0.5"]))
     return {"lab": "4 hosts, 2 leaves, 4 spines, pinned; and this host's loopback", "core_mbit": CORE,
-            "access_mbit": ACCESS, "variants": variants, "settings": settings, "runs": runs}
+            "access_mbit": ACCESS, "variants": variants, "settings": settings, "runs": runs,
+            "reduce": {"variants": REDUCE_VARIANTS, "setting": settings["lab"], "runs": reduce}}
 
 
 MODELS_WHY = "maestro on one path syncs as gloo does: the collectives sweep has single beside gloo at every size"

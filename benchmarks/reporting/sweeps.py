@@ -450,4 +450,40 @@ def sec_tuner(rec, out):
             + "\n\nThe largest size at which recursive_doubling was faster than ring, per setting:\n\n"
             + "\n".join(crossings)
             + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else "")
-            + "\n\n" + save(fig, out, "tuner"))
+            + "\n\n" + save(fig, out, "tuner") + reduce_table(d.get("reduce")))
+
+
+def reduce_table(red: dict | None) -> str:
+    """The reduce's algorithms (the tuner experiment's "reduce"): each
+    size's median time per variant over the interleaved trials (min-max of
+    the trials' medians), which forced algorithm was fastest, and auto
+    against it and against gloo ('' for a record without it)."""
+    if not red:
+        return ""
+    variants, trials = red["variants"], red["runs"]
+    cells = tuner_cells(trials)
+    sizes = sorted({b for _, b in cells})
+    med = {k: statistics.median(its) for k, (its, _) in cells.items()}
+    algo = {v: next((f.partition("=")[2].partition(":")[2] for f in v.split("@")[1:] if f.startswith("algo=")), "")
+            for v in variants}
+    forced = [v for v in variants if algo[v]]
+    auto = next((v for v in variants if not algo[v] and not is_gloo(v)), None)
+    gloo = next((v for v in variants if is_gloo(v)), None)
+    rows = []
+    for b in sizes:
+        best = min(forced, key=lambda v: med[(v, b)]) if forced else None
+        rows.append([size_label(b)]
+                    + [spread_cell(med[(v, b)] * 1e3, [x * 1e3 for x in cells[(v, b)][1]], "{:.3f}") for v in variants]
+                    + [algo[best] if best else "-",
+                       f"{med[(auto, b)] / med[(best, b)]:.2f}" if auto and best else "-",
+                       f"{med[(auto, b)] / med[(gloo, b)]:.2f}" if auto and gloo else "-"])
+    wrong = sorted({f"{r['variant']} at {size_label(r['bytes'])}"
+                    for run in trials for r in run["rows"] if r.get("exact") is False})
+    return ("\n\n**reduce** into rank 0, " + red["setting"] + ": **" + (auto or "auto") + "** as it comes (the "
+            "tuner: direct, every rank writing into the root at once, up to its first limit; a binomial tree up to "
+            "its second; the ring above) beside each algorithm forced with `@algo=reduce:`, and gloo. Cells as "
+            f"above, over {len(trials)} interleaved trial{'s' if len(trials) != 1 else ''}; auto / fastest forced "
+            "at 1.00 is the tuner choosing the fastest.\n\n"
+            + table(["size"] + [f"{v} ms" for v in variants] + ["fastest forced", "auto / fastest forced",
+                                                                 "auto / gloo"], rows)
+            + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else ""))

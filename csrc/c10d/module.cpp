@@ -121,6 +121,7 @@ PYBIND11_MODULE(_C, m) {
         const size_t tcp_chunk = maestro::chunkSizeFor("tcp");
         return py::dict("tcp_chunk_bytes"_a = tcp_chunk, "verbs_chunk_bytes"_a = maestro::chunkSizeFor("verbs"),
                         "tcp_min_chunk_bytes"_a = maestro::minChunkFor("tcp", tcp_chunk),
+                        "small_reduce_bytes"_a = maestro::collectives::kSmallReduceBytes,
                         "direct_reduce_bytes"_a = maestro::collectives::kDirectReduceBytes,
                         "recursive_doubling_bytes_across_hosts"_a =
                             maestro::collectives::kRecursiveDoublingAcrossHosts,

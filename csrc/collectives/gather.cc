@@ -6,8 +6,10 @@
 // crosses the network once, one-sided, from the sender's tensor straight
 // into the receiver's (zero copy), and the root's n-1 transfers spread over
 // all its paths -- the root's link is the bottleneck of any gather or
-// scatter, and this keeps it busy with nothing but payload. A small reduce
-// is the same gather, into the root's scratch, reduced there.
+// scatter, and this keeps it busy with nothing but payload. The direct
+// reduce (MAESTRO_ALGO=reduce:direct; the tuner takes the tree,
+// tree_reduce.cc) is the same gather, into the root's scratch, reduced
+// there.
 #include <algorithm>
 
 #include "collectives/collectives.h"

@@ -53,6 +53,7 @@ const char* algorithmName(Algorithm algorithm) {
     case Algorithm::kRing: return "ring";
     case Algorithm::kRecursiveDoubling: return "recursive_doubling";
     case Algorithm::kDirect: return "direct";
+    case Algorithm::kTree: return "tree";
   }
   return "?";
 }

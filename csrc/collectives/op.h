@@ -36,7 +36,7 @@ enum class OpKind : uint8_t {
 };
 const char* opKindName(OpKind kind);
 // How an operation runs, where it has a choice (collectives/tuner.h).
-enum class Algorithm : uint8_t { kRing = 1, kRecursiveDoubling = 2, kDirect = 3 };
+enum class Algorithm : uint8_t { kRing = 1, kRecursiveDoubling = 2, kDirect = 3, kTree = 4 };
 const char* algorithmName(Algorithm algorithm);
 
 // What every rank must agree on. Sent to the left neighbour in the DESC.

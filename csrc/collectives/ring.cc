@@ -53,6 +53,7 @@
 #include "collectives/plan.h"
 #include "collectives/recursive_doubling.h"
 #include "collectives/staged_buffer.h"
+#include "collectives/tree_reduce.h"
 #include "collectives/tuner.h"
 #include "common/config.h"
 #include "common/error.h"
@@ -515,6 +516,10 @@ void reduce(multipath::Engine& engine, uint64_t seq, const Window& tensor, uint6
   if (n == 1) return;
   if (algorithm == Algorithm::kDirect) {
     reduceDirect(ctx, tensor, count, dtype, op, root);
+    return;
+  }
+  if (algorithm == Algorithm::kTree) {
+    reduceTree(ctx, tensor, count, dtype, op, root);
     return;
   }
   Window work = tensor;

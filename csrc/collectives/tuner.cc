@@ -20,7 +20,10 @@ Algorithm tunedAlgorithm(const TuneFacts& f) {
     case OpKind::kAllreduce:
       return f.bytes <= recursiveDoublingLimit(f.ranks, f.spans_hosts, f.transport) ? Algorithm::kRecursiveDoubling
                                                                                     : Algorithm::kRing;
-    case OpKind::kReduce: return f.bytes <= kDirectReduceBytes ? Algorithm::kDirect : Algorithm::kRing;
+    case OpKind::kReduce:
+      return f.bytes <= kDirectReduceBytes ? Algorithm::kDirect
+             : f.bytes <= kSmallReduceBytes ? Algorithm::kTree
+                                            : Algorithm::kRing;
     default: return Algorithm::kRing;
   }
 }
@@ -29,7 +32,7 @@ Choice choose(const Config& config, const TuneFacts& facts) {
   // Keyed by the operations' names (kAlgorithms uses opKindName's).
   auto it = config.algo.find(opKindName(facts.kind));
   if (it != config.algo.end())
-    for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kDirect})
+    for (Algorithm a : {Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kDirect, Algorithm::kTree})
       if (it->second == algorithmName(a)) return Choice{a, true};
   return Choice{tunedAlgorithm(facts), false};
 }
@@ -67,7 +70,8 @@ std::string describeTuner(const multipath::Engine& engine) {
   os << "  allreduce: "
      << (rd ? strcat("recursive_doubling up to ", rd, " bytes, ring above") : std::string("ring at every size"))
      << forced("allreduce") << "\n";
-  os << "  reduce: direct up to " << kDirectReduceBytes << " bytes, ring above" << forced("reduce") << "\n";
+  os << "  reduce: direct up to " << kDirectReduceBytes << " bytes, tree up to " << kSmallReduceBytes
+     << " bytes, ring above" << forced("reduce") << "\n";
   os << "  chunks: " << c.chunk_size << " bytes";
   if (c.min_chunk_size < c.chunk_size && engine.paths() > 1 && spans)
     os << "; a message under " << engine.paths() << " chunks to another host: one chunk per path, at least "

@@ -14,8 +14,10 @@
 //              enough that the ring's 2(n-1) sequential steps, not the bytes,
 //              are the cost; the ring (reduce-scatter + allgather, every
 //              byte crossing each link (n-1)/n times twice) above.
-//   reduce     direct (every rank writes straight into the root's scratch,
-//              one step) up to kDirectReduceBytes; the ring reduce above.
+//   reduce     direct (every rank writes into the root at once, one step)
+//              up to kDirectReduceBytes; a binomial tree (log2 n steps, the
+//              root taking log2 n partial results, tree_reduce.cc) up to
+//              kSmallReduceBytes; the ring reduce above.
 // How a message is cut into chunks (the decomposer's one chunk per path
 // down to the smallest chunk, multipath/decomposer.h) and how a ring's
 // blocks are segmented (plan.h, ringSegmentBytes) are decided below this
@@ -84,8 +86,17 @@ uint64_t recursiveDoublingLimit(int ranks, bool spans_hosts, const std::string& 
 // path window.
 constexpr int kExchangeWindowAcrossHosts = 2;
 int exchangeWindow(const multipath::Engine& engine);
-// Largest reduce sent straight to its root.
-constexpr uint64_t kDirectReduceBytes = 64 << 10;
+// Largest reduce that goes direct, and largest by the tree (the limit
+// measured for the direct reduce against the ring, before the tree). From
+// probes with MAESTRO_ALGO forcing each (rank_bench sweep --collective
+// reduce): on the pinned lab's 4 ranks the tree takes 1.0-1.1 ms at 64 KiB
+// against direct's 3.4 (three ranks writing into the root at once meet at
+// its link), direct 0.91-1.21 ms at 16 KiB against the tree's 1.10-1.36,
+// a tie at 4 KiB; over loopback at 4 and 16 ranks the two are within 15 %
+// either way. The tuner experiment records it (scripts/bench.sh --only
+// tuner: the reduce table under the tuner's section of docs/results.md).
+constexpr uint64_t kDirectReduceBytes = 16 << 10;
+constexpr uint64_t kSmallReduceBytes = 64 << 10;
 
 // The rules as they apply to this group (MAESTRO_DEBUG=INFO, describe()).
 std::string describeTuner(const multipath::Engine& engine);

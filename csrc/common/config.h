@@ -45,7 +45,8 @@ struct AlgorithmName {
 inline constexpr AlgorithmName kAlgorithms[] = {{"allreduce", "ring"},
                                                 {"allreduce", "recursive_doubling"},
                                                 {"reduce", "ring"},
-                                                {"reduce", "direct"}};
+                                                {"reduce", "direct"},
+                                                {"reduce", "tree"}};
 
 // The knobs as resolved (defaults < MAESTRO_* environment < options). A
 // group settles every "auto" once, at its set-up, where the facts are

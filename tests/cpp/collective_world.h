@@ -46,13 +46,13 @@ struct World {
 // between): then nothing is sent again, and the next path is closed, up to
 // all but one. join() before reading what it saw.
 struct PathCloser {
-  PathCloser(World& w, const std::atomic<int>& started, int ops, int paths)
-      : thread([this, &w, &started, ops, paths] {
+  PathCloser(World& w, const std::atomic<int>& started, int ops, int paths, int from = 0, int to = 1)
+      : thread([this, &w, &started, ops, paths, from, to] {
           const auto until = after(60);
           int path = 0;
           while (started.load() < ops && Clock::now() < until && path < paths - 1) {
-            if (started.load() > 20 && w.engines[0]->inflightOn(1, path) > 0) {
-              w.engines[0]->transport().closePath(1, path, "closed by the test");
+            if (started.load() > 20 && w.engines[from]->inflightOn(to, path) > 0) {
+              w.engines[from]->transport().closePath(to, path, "closed by the test");
               closed_mid_operation = closed_mid_operation || started.load() < ops;
               const auto flushed = after(0.5);
               while (resent(w) == 0 && Clock::now() < flushed)
@@ -80,8 +80,9 @@ struct PathCloser {
 
 // An allreduce of 5001 int64 elements with every reduce op, each checked
 // element by element on every rank (operations seq, seq + 1, ...; seq is
-// left after the last).
-inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq) {
+// left after the last). With a root: a reduce into it, every other rank's
+// tensor checked unchanged.
+inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq, int root = -1) {
   using namespace collectives;
   const int n = static_cast<int>(w.engines.size());
   const uint64_t count = 5001;
@@ -93,7 +94,8 @@ inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq) {
     auto errors = runRanks(n, [&](int r) {
       auto& e = *w.engines[r];
       Region reg = e.registerMemory(data[r].data(), count * 8);
-      allreduce(e, *seq, Window{reg, 0}, count, DType::kInt64, op, after(60));
+      if (root < 0) allreduce(e, *seq, Window{reg, 0}, count, DType::kInt64, op, after(60));
+      else reduce(e, *seq, Window{reg, 0}, count, DType::kInt64, op, root, after(60));
       e.deregisterMemory(reg);
     });
     ++*seq;
@@ -111,7 +113,10 @@ inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq) {
         if (op == ReduceOp::kBxor) acc ^= v;
       }
       if (op == ReduceOp::kAvg) acc /= n;
-      for (int r = 0; r < n; ++r) ASSERT_EQ(acc, data[r][i]) << reduceOpName(op) << " rank " << r << " i " << i;
+      for (int r = 0; r < n; ++r) {
+        const int64_t own = static_cast<int64_t>((i * 31 + r * 17) % 97) - 40;
+        ASSERT_EQ(root < 0 || r == root ? acc : own, data[r][i]) << reduceOpName(op) << " rank " << r << " i " << i;
+      }
     }
   }
 }
@@ -119,13 +124,15 @@ inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq) {
 // `ops` float sum allreduces of `count` elements back to back on every rank
 // of `w` while a PathCloser closes rank 0's paths to rank 1 (all but one of
 // `paths`): a close must land mid-operation and make a chunk go again, and
-// every result must be exact.
-inline void allreducesWhileAPathCloses(World& w, int ops, int paths, uint64_t count) {
+// every result must be exact. With a root: reduces into it, every other
+// rank's tensor unchanged, and the paths closed are those of the rank
+// after the root (which sends to it in any algorithm) to the root.
+inline void allreducesWhileAPathCloses(World& w, int ops, int paths, uint64_t count, int root = -1) {
   using namespace collectives;
   const int n = static_cast<int>(w.engines.size());
   auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
   std::atomic<int> started{0};
-  PathCloser closer(w, started, ops, paths);
+  PathCloser closer(w, started, ops, paths, root < 0 ? 0 : (root + 1) % n, root < 0 ? 1 : root);
   std::vector<int> wrong(n, 0);
   auto errors = runRanks(n, [&](int r) {
     auto& e = *w.engines[r];
@@ -134,11 +141,12 @@ inline void allreducesWhileAPathCloses(World& w, int ops, int paths, uint64_t co
     for (int op = 0; op < ops; ++op) {
       for (uint64_t i = 0; i < count; ++i) data[i] = value(r, i, op);
       if (r == 0) started++;
-      allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      if (root < 0) allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      else reduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, root, after(60));
       for (uint64_t i = 0; i < count; ++i) {
         float want = 0;
         for (int q = 0; q < n; ++q) want += value(q, i, op);
-        if (data[i] != want) wrong[r]++;
+        if (data[i] != (root < 0 || r == root ? want : value(r, i, op))) wrong[r]++;
       }
     }
     e.deregisterMemory(win.region);

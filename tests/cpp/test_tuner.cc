@@ -57,7 +57,9 @@ TEST(Tuner, SmallAllreducesGoByRecursiveDoublingLargeOnesByTheRing) {
             << bytes << " bytes, " << n << " ranks";
     }
   EXPECT_EQ(Algorithm::kDirect, tunedAlgorithm(facts(OpKind::kReduce, kDirectReduceBytes, 4)));
-  EXPECT_EQ(Algorithm::kRing, tunedAlgorithm(facts(OpKind::kReduce, kDirectReduceBytes + 1, 4)));
+  EXPECT_EQ(Algorithm::kTree, tunedAlgorithm(facts(OpKind::kReduce, kDirectReduceBytes + 1, 4)));
+  EXPECT_EQ(Algorithm::kTree, tunedAlgorithm(facts(OpKind::kReduce, kSmallReduceBytes, 4)));
+  EXPECT_EQ(Algorithm::kRing, tunedAlgorithm(facts(OpKind::kReduce, kSmallReduceBytes + 1, 4)));
   EXPECT_EQ(Algorithm::kRing, tunedAlgorithm(facts(OpKind::kBroadcast, 4, 4)));
 }
 
@@ -94,8 +96,11 @@ TEST(Tuner, ABadMaestroAlgoIsRefusedSayingWhatExists) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(std::string::npos, refused("tree").find("'tree' is not an algorithm")) << refused("tree");
-  EXPECT_NE(std::string::npos, refused("tree").find("allreduce: ring, recursive_doubling")) << refused("tree");
+  EXPECT_NE(std::string::npos, refused("butterfly").find("'butterfly' is not an algorithm")) << refused("butterfly");
+  EXPECT_NE(std::string::npos, refused("butterfly").find("allreduce: ring, recursive_doubling; reduce: ring, direct, tree"))
+      << refused("butterfly");
+  EXPECT_NE(std::string::npos, refused("allreduce:tree").find("is not an algorithm of allreduce"))
+      << refused("allreduce:tree");
   EXPECT_NE(std::string::npos, refused("reduce:recursive_doubling").find("is not an algorithm of reduce"))
       << refused("reduce:recursive_doubling");
   EXPECT_NE(std::string::npos, refused("broadcast:ring").find("'broadcast' is not an operation"))
@@ -109,7 +114,7 @@ TEST(Tuner, TheGroupsTableIsDescribed) {
   const std::string text = describeTuner(*w.engines[0]);
   EXPECT_NE(std::string::npos, text.find("MAESTRO_ALGO=reduce:ring")) << text;
   EXPECT_NE(std::string::npos, text.find("allreduce: recursive_doubling up to ")) << text;
-  EXPECT_NE(std::string::npos, text.find("reduce: direct up to 65536 bytes, ring above -- forced: ring")) << text;
+  EXPECT_NE(std::string::npos, text.find("reduce: direct up to 16384 bytes, tree up to 65536 bytes, ring above -- forced: ring")) << text;
   EXPECT_NE(std::string::npos, text.find("chunks: 4096 bytes")) << text;
   EXPECT_NE(std::string::npos, text.find("at most 8 chunks of them a path")) << text;
 }
@@ -259,6 +264,80 @@ TEST(RecursiveDoublingFailover, APathClosedMidOperationLosesNothing) {
   World w(n, {{"chunk_size", "4K"}, {"segment_size", "16K"}, {"paths", "4"}, {"algo", "recursive_doubling"}});
   const uint64_t count = 6000;  // 24000 bytes: 6 chunks a message
   testing::allreducesWhileAPathCloses(w, ops, paths, count);
+}
+
+// The binomial tree reduce, forced: every root, every size class, the root
+// holding the sum and every other rank's tensor unchanged.
+class TreeReduce : public ::testing::TestWithParam<int> {};
+
+TEST_P(TreeReduce, EveryRootAndSizeIsExactAndOnlyTheRootChanges) {
+  const int n = GetParam();
+  World w(n, forced("reduce:tree"));
+  uint64_t seq = 1;
+  for (int root : {0, n - 1, n / 2})
+    for (uint64_t count : {0ull, 1ull, 1000ull, 12345ull, 100000ull}) {
+      auto value = [&](int r, uint64_t i) { return static_cast<float>((i * 7 + r * 13 + root) % 1000); };
+      std::vector<std::vector<float>> data(n, std::vector<float>(count));
+      for (int r = 0; r < n; ++r)
+        for (uint64_t i = 0; i < count; ++i) data[r][i] = value(r, i);
+      auto errors = runRanks(n, [&](int r) {
+        auto& e = *w.engines[r];
+        Window win = registered(e, data[r]);
+        reduce(e, seq, win, count, DType::kFloat32, ReduceOp::kSum, root, after(60));
+        if (win.region.valid()) e.deregisterMemory(win.region);
+      });
+      ++seq;
+      for (auto& err : errors) ASSERT_EQ("", errorText(err)) << "root " << root << ", " << count << " elements";
+      for (int r = 0; r < n; ++r)
+        for (uint64_t i = 0; i < count; ++i) {
+          float want = value(r, i);
+          if (r == root) {
+            want = 0;
+            for (int q = 0; q < n; ++q) want += value(q, i);
+          }
+          ASSERT_EQ(want, data[r][i]) << "root " << root << " rank " << r << " element " << i << " of " << count;
+        }
+    }
+}
+
+TEST_P(TreeReduce, EveryOpOnInt64) {
+  World w(GetParam(), forced("reduce:tree"));
+  uint64_t seq = 1;
+  testing::allreduceEveryOpOnInt64(w, &seq, GetParam() - 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TreeReduce, ::testing::Values(2, 3, 5, 8),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param); });
+
+// A child that never enters the operation: its parent times out naming it,
+// and so does its own child (rank 3, which would send to it).
+TEST(TreeReduceTimeout, AMissingChildIsNamed) {
+  World w(4, forced("reduce:tree"));
+  std::vector<std::string> what(4);
+  auto errors = runRanks(4, [&](int r) {
+    if (r == 2) return;  // root 0's children are 1 and 2; 3 sends to 2
+    auto& e = *w.engines[r];
+    std::vector<float> v(100, 1.0f);
+    Window win = registered(e, v);
+    try {
+      reduce(e, 1, win, 100, DType::kFloat32, ReduceOp::kSum, 0, after(1));
+    } catch (const Error& err) {
+      what[r] = err.what();
+    }
+    e.deregisterMemory(win.region);
+  });
+  for (auto& err : errors) ASSERT_EQ("", errorText(err));
+  EXPECT_NE(std::string::npos, what[0].find("rank 2 to start the same collective")) << what[0];
+  EXPECT_NE(std::string::npos, what[0].find("by tree")) << what[0];
+  EXPECT_NE(std::string::npos, what[3].find("rank 2")) << what[3];
+}
+
+// A path closed while the tree runs: its chunks go again on the others,
+// nothing is lost, the root's every result exact.
+TEST(TreeReduceFailover, APathClosedMidOperationLosesNothing) {
+  const int n = 4, ops = 300, paths = 4;
+  World w(n, {{"chunk_size", "4K"}, {"segment_size", "16K"}, {"paths", "4"}, {"algo", "reduce:tree"}});
+  testing::allreducesWhileAPathCloses(w, ops, paths, 6000, 0);
 }
 
 }  // namespace

@@ -446,7 +446,7 @@ def test_a_bad_algorithm_fails_every_rank_naming_the_ones_there_are():
     results = run_ranks(2, scenarios.bad_knob, env={"MAESTRO_ALGO": "allreduce:tree"}, timeout=120)
     for rank, v in enumerate(ok_values(results)):
         assert "MAESTRO_ALGO='allreduce:tree': 'tree' is not an algorithm of allreduce" in v["error"], v["error"]
-        assert "allreduce: ring, recursive_doubling; reduce: ring, direct" in v["error"], v["error"]
+        assert "allreduce: ring, recursive_doubling; reduce: ring, direct, tree" in v["error"], v["error"]
 
 
 def test_ddp_matches_gloo():

@@ -81,13 +81,14 @@ def test_sizes_and_counts_the_readme_quotes_are_the_codes():
         assert b % 1024 == 0, b
         return f"{b // 1024} KiB"
 
-    direct = kib(c["direct_reduce_bytes"])
+    small, direct = kib(c["small_reduce_bytes"]), kib(c["direct_reduce_bytes"])
     claims = [f"chunks ({kib(c['verbs_chunk_bytes'])} on RDMA as in the paper, {kib(c['tcp_chunk_bytes'])} on TCP;",
               f"one chunk per path, down to {kib(c['tcp_min_chunk_bytes'])})",
               f"({c['groups_sharing_paths']} groups at a time besides the default one)",
               f"up to {direct} every rank writes its tensor straight to the root",
-              f"and reduce above {direct})", f"a reduce of up to {direct}",
-              f"direct: every rank writes straight into the root's scratch, up to {direct}"]
+              f"writes straight into the root's scratch, up to {direct};", f"up to {small} by a binomial tree",
+              f"and reduce above {small})", f"a reduce of up to {small}",
+              f"instead of n-1 at once; up to {small} |"]
     across, one = kib(c["recursive_doubling_bytes_across_hosts"]), kib(c["recursive_doubling_bytes_one_host"])
     claims += [f"each receiver lends each sender {c['eager_slots']} slots of that size",
                f"any while the {c['eager_slots']} slots are taken go by the round trip"]

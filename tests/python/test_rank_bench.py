@@ -29,7 +29,7 @@ def test_sweep_on_loopback_is_exact_for_every_variant(collective):
     res = json.loads(line[len("RESULT "):])
     assert res["collective"] == collective and res["world"] == 2
     assert [(r["variant"], r["bytes"]) for r in res["rows"]] == [(v, s) for s in sizes for v in variants]
-    factor = {"allreduce": 1.0, "allgather": 0.5, "sendrecv": 1.0, "alltoall": 0.5}[collective]  # 2 ranks
+    factor = {"allreduce": 1.0, "allgather": 0.5, "sendrecv": 1.0, "alltoall": 0.5, "reduce": 1.0}[collective]  # 2 ranks
     for r in res["rows"]:
         assert r["exact"], r
         assert r["busbw_GBps"] > 0 and r["iters"] == len(r["times"]) >= 3, r  # 1M: 3 where they agree

@@ -466,6 +466,28 @@ def test_tuner_tables_show_each_algorithm_and_name_the_crossover(tmp_path):
     assert md.count("results/tuner.png") == 1 and (tmp_path / "results" / "tuner.png").exists()
 
 
+def test_tuner_reduce_table_names_the_fastest_algorithm_and_auto_against_it(tmp_path):
+    rec = tuner_record()
+    variants = ["adaptive", "adaptive@algo=reduce:direct", "adaptive@algo=reduce:tree", "adaptive@algo=reduce:ring",
+                "gloo"]
+    base_ms = {16 << 10: (1.0, 1.0, 1.2, 2.0, 4.0), 64 << 10: (1.1, 3.4, 1.1, 2.5, 5.0)}
+    trials = []
+    for trial in range(3):
+        order = variants[trial:] + variants[:trial]
+        rows = [{"variant": v, "bytes": b, "seconds": ms[variants.index(v)] / 1e3,
+                 "times": [ms[variants.index(v)] / 1e3] * 3, "exact": v != "adaptive@algo=reduce:ring" or b != 16 << 10}
+                for b, ms in base_ms.items() for v in order]
+        trials.append({"collective": "reduce", "world": 4, "rows": rows})
+    rec["data"]["reduce"] = {"variants": variants, "setting": "4 ranks on the pinned lab", "runs": trials}
+    md = report.render({"tuner": rec}, str(tmp_path))
+    assert ("| 64 KiB | 1.100 (1.100-1.100) | 3.400 (3.400-3.400) | 1.100 (1.100-1.100) | 2.500 (2.500-2.500) "
+            "| 5.000 (5.000-5.000) | tree | 1.00 | 0.22 |") in md, md
+    assert "| 16 KiB | 1.000 (1.000-1.000) | 1.000 (1.000-1.000) | 1.200 (1.200-1.200) |" in md
+    assert "| direct | 1.00 | 0.25 |" in md
+    assert "**Wrong results:** adaptive@algo=reduce:ring at 16 KiB." in md
+    assert sweeps.reduce_table(None) == ""
+
+
 def test_tuner_crossover_and_sanity_name_what_is_off():
     rec = tuner_record()
     variants = rec["data"]["variants"]
