@@ -299,6 +299,28 @@ def parse_repeat(spec: str, variants: list) -> tuple[list, int]:
     return repeat, parse_size(size)
 
 
+def path_counters(variant: str, g) -> dict:
+    """A maestro group's paths on this rank: {"peer/path": (bytes sent, TCP bytes retransmitted)};
+    {} for gloo."""
+    if not is_maestro(variant):
+        return {}
+    return {f"{s['peer']}/{s['path']}": (s["bytes_sent"], s.get("path_counters", {}).get("tcp_bytes_retrans", 0))
+            for s in maestro_torch.path_stats(g)}
+
+
+def path_deltas(before: dict, after: dict) -> dict:
+    """{"peer/path": [bytes sent, bytes retransmitted]} between two path_counters, the paths
+    that sent anything; a path that reconnected in between (its connection's counters began
+    again) counts from zero."""
+    out = {}
+    for k, (sent, retx) in after.items():
+        s0, r0 = before.get(k, (0, 0))
+        d = [sent - s0, retx - r0 if retx >= r0 else retx]
+        if d[0] > 0:
+            out[k] = d
+    return out
+
+
 def sweep_trial(args, groups: dict, order: list, up_to: dict, rate: dict, ready: float) -> list:
     """One pass of a sweep over its sizes, each size over the variants in
     `order`: the rows (rate: each variant's seconds per byte of its last
@@ -329,7 +351,9 @@ def sweep_trial(args, groups: dict, order: list, up_to: dict, rate: dict, ready:
                 fn()
             cpu0, check_cpu[0] = time.process_time(), 0.0  # a check inside the timed loop is not the collective's
             most, settle = iterations_for(size, args.budget, SWEEP_EST_BPS)
+            paths0 = path_counters(v, g)
             times = timed(fn, g, most, settle, after_first=None if warmups else check)
+            paths = path_deltas(paths0, path_counters(v, g))
             cpu = cpu_s_per_GB(cpu0 + check_cpu[0], size * len(times))
             ok = torch.tensor([float(checked[0])])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
@@ -343,7 +367,9 @@ def sweep_trial(args, groups: dict, order: list, up_to: dict, rate: dict, ready:
                          "began_s": began, "took_s": time.monotonic() - ready - began,
                          "times": times, "exact": bool(ok.item()),
                          # per rank, over the timed iterations (their barriers included)
-                         "cpu_s_per_GB": cpu})
+                         "cpu_s_per_GB": cpu,
+                         # rank 0's paths over the timed iterations (maestro): what each carried and resent
+                         **({"path_bytes": paths} if paths else {})})
             log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw"
                 + ("" if ok.item() else "  WRONG RESULT"))
     return rows

@@ -33,6 +33,13 @@ def test_sweep_on_loopback_is_exact_for_every_variant(collective):
     for r in res["rows"]:
         assert r["exact"], r
         assert r["busbw_GBps"] > 0 and r["iters"] == len(r["times"]) >= 3, r  # 1M: 3 where they agree
+        # rank 0's paths over the timed iterations: maestro's only, each with what it sent and resent
+        # a small reduce goes straight (or by the tree) to its root, rank 0, which only receives
+        if r["variant"] == "gloo" or (collective == "reduce" and r["bytes"] <= 64 << 10):
+            assert "path_bytes" not in r, r
+        else:
+            assert r["path_bytes"] and all(sent > 0 and retx >= 0 for sent, retx in r["path_bytes"].values()), r
+            assert all(k.split("/")[0] == "1" for k in r["path_bytes"]), r  # rank 0's one peer
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor), r
 
 
@@ -104,6 +111,12 @@ def test_repeat_runs_only_its_variants_up_to_its_size_after_the_first_pass_and_t
         n = 3 if r["bytes"] == 4 << 10 and r["variant"] != "gloo" else 1
         assert len(r["trials_busbw_GBps"]) == n and r["exact"], r
         assert r["busbw_GBps"] == sorted(r["trials_busbw_GBps"])[(n - 1) // 2]
+
+
+def test_path_deltas_count_what_each_path_sent_and_a_reconnected_one_from_zero():
+    before = {"1/0": (100, 10), "1/1": (50, 5), "1/2": (7, 0)}
+    after = {"1/0": (300, 12), "1/1": (80, 2), "1/2": (7, 0), "2/0": (40, 0)}
+    assert rank_bench.path_deltas(before, after) == {"1/0": [200, 2], "1/1": [30, 2], "2/0": [40, 0]}
 
 
 def test_repeat_needs_a_size_and_swept_variants():
