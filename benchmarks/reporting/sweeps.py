@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 from matplotlib.ticker import LogFormatter
-from variants import is_gloo, is_maestro
+from variants import is_gloo, is_maestro, maestro_knobs
 
 from .common import plt, save, size_label, spread_cell, table
 from .peers import best_gloo, ecmp_settings, not_measured
@@ -366,7 +366,7 @@ def tuner_roles(variants: list) -> dict:
     "recursive_doubling", "gloo"} -> its name (those present)."""
     roles = {}
     for v in variants:
-        algo = next((f.partition("=")[2] for f in v.split("@")[1:] if f.startswith("algo=")), "auto")
+        algo = maestro_knobs(v).get("algo", "auto")
         roles.setdefault("gloo" if is_gloo(v) else algo, v)
     return roles
 
@@ -464,8 +464,7 @@ def reduce_table(red: dict | None) -> str:
     cells = tuner_cells(trials)
     sizes = sorted({b for _, b in cells})
     med = {k: statistics.median(its) for k, (its, _) in cells.items()}
-    algo = {v: next((f.partition("=")[2].partition(":")[2] for f in v.split("@")[1:] if f.startswith("algo=")), "")
-            for v in variants}
+    algo = {v: maestro_knobs(v).get("algo", "").partition(":")[2] for v in variants}  # "reduce:tree" -> "tree"
     forced = [v for v in variants if algo[v]]
     auto = next((v for v in variants if not algo[v] and not is_gloo(v)), None)
     gloo = next((v for v in variants if is_gloo(v)), None)

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "collectives/collectives.h"
@@ -32,6 +33,28 @@ std::map<std::string, std::string> forced(const std::string& algo) {
   auto opts = testing::smallUnits();
   opts["algo"] = algo;
   return opts;
+}
+
+// Every rank of w but `absent` runs op on a tensor of 100 floats (the ops
+// time out quickly); what each one's error says ("" for the absent rank).
+// A rank failing otherwise than by throwing fails the test.
+std::vector<std::string> errorsWithoutRank(World& w, int n, int absent,
+                                           const std::function<void(multipath::Engine&, const Window&)>& op) {
+  std::vector<std::string> what(n);
+  auto errors = runRanks(n, [&](int r) {
+    if (r == absent) return;
+    auto& e = *w.engines[r];
+    std::vector<float> v(100, 1.0f);
+    Window win = registered(e, v);
+    try {
+      op(e, win);
+    } catch (const Error& err) {
+      what[r] = err.what();
+    }
+    e.deregisterMemory(win.region);
+  });
+  for (auto& err : errors) EXPECT_EQ("", errorText(err));
+  return what;
 }
 
 TuneFacts facts(OpKind kind, uint64_t bytes, int ranks, bool spans = true) {
@@ -238,20 +261,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, RecursiveDoubling, ::testing::Values(2, 3, 4, 5,
 // (a rank folded in waits for its pair, the pair for it).
 TEST(RecursiveDoublingTimeout, AMissingPartnerIsNamed) {
   World w(3, forced("recursive_doubling"));
-  std::vector<std::string> what(3);
-  auto errors = runRanks(3, [&](int r) {
-    if (r == 2) return;  // rank 2 is folded into rank 0
-    auto& e = *w.engines[r];
-    std::vector<float> v(100, 1.0f);
-    Window win = registered(e, v);
-    try {
-      allreduce(e, 1, win, 100, DType::kFloat32, ReduceOp::kSum, after(1));
-    } catch (const Error& err) {
-      what[r] = err.what();
-    }
-    e.deregisterMemory(win.region);
+  // rank 2 is folded into rank 0
+  auto what = errorsWithoutRank(w, 3, 2, [](multipath::Engine& e, const Window& win) {
+    allreduce(e, 1, win, 100, DType::kFloat32, ReduceOp::kSum, after(1));
   });
-  for (auto& err : errors) ASSERT_EQ("", errorText(err));
   EXPECT_NE(std::string::npos, what[0].find("rank 2 to start the same collective")) << what[0];
   EXPECT_NE(std::string::npos, what[0].find("by recursive_doubling")) << what[0];
   EXPECT_NE(std::string::npos, what[1].find("timed out")) << what[1];
@@ -313,20 +326,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, TreeReduce, ::testing::Values(2, 3, 5, 8),
 // and so does its own child (rank 3, which would send to it).
 TEST(TreeReduceTimeout, AMissingChildIsNamed) {
   World w(4, forced("reduce:tree"));
-  std::vector<std::string> what(4);
-  auto errors = runRanks(4, [&](int r) {
-    if (r == 2) return;  // root 0's children are 1 and 2; 3 sends to 2
-    auto& e = *w.engines[r];
-    std::vector<float> v(100, 1.0f);
-    Window win = registered(e, v);
-    try {
-      reduce(e, 1, win, 100, DType::kFloat32, ReduceOp::kSum, 0, after(1));
-    } catch (const Error& err) {
-      what[r] = err.what();
-    }
-    e.deregisterMemory(win.region);
+  // root 0's children are 1 and 2; 3 sends to 2
+  auto what = errorsWithoutRank(w, 4, 2, [](multipath::Engine& e, const Window& win) {
+    reduce(e, 1, win, 100, DType::kFloat32, ReduceOp::kSum, 0, after(1));
   });
-  for (auto& err : errors) ASSERT_EQ("", errorText(err));
   EXPECT_NE(std::string::npos, what[0].find("rank 2 to start the same collective")) << what[0];
   EXPECT_NE(std::string::npos, what[0].find("by tree")) << what[0];
   EXPECT_NE(std::string::npos, what[3].find("rank 2")) << what[3];
