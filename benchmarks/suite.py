@@ -253,25 +253,34 @@ def exp_spines(ctx):
             "variants": variants, "runs": runs}
 
 
+ALLTOALL_TRIALS = 3
+ALLTOALL_REPEAT = "adaptive,adaptive@min_chunk_size=256K:64M"
+
+
 def exp_p2p_alltoall(ctx):
     """Point to point and all-to-all, nccl-tests style, on the pinned lab of
     exp_collectives: sendrecv (every rank sends to rank+1 and receives from
     rank-1, batch_isend_irecv) and alltoall (all_to_all_single, equal
     splits), maestro's default policy beside the gloo peers and maestro on
-    one path; alltoall also with two steps in flight (alltoall_window=2)
-    where the default has every step in flight, and with the path window
-    of 8 chunks (exchange_window=8) where the default across hosts holds 2
-    of its chunks a path."""
+    one path; alltoall also in whole chunks (min_chunk_size=256K) where
+    the default cuts an exchange's messages to other hosts into the
+    smallest chunks, with two steps in flight (alltoall_window=2) where the
+    default has every step in flight, and with the path window of 8 chunks
+    (exchange_window=8) where the default across hosts holds 2 of its
+    chunks a path. The default and whole chunks are the median of
+    ALLTOALL_TRIALS interleaved passes (full mode)."""
     sizes = "64K,16M" if ctx.quick else "64K,1M,16M,64M"
     variants = GLOO_PEERS + ("adaptive", "single")
-    extra = {"alltoall": ("adaptive@alltoall_window=2", "adaptive@exchange_window=8")}
+    extra = {"alltoall": ("adaptive@min_chunk_size=256K", "adaptive@alltoall_window=2", "adaptive@exchange_window=8")}
+    passes = {"alltoall": ["--trials", str(ALLTOALL_TRIALS), "--repeat", ALLTOALL_REPEAT]} if not ctx.quick else {}
     runs = {}
     with ctx.lab("p2a", mode="pinned") as lab:
         for coll in ("sendrecv", "alltoall"):
             print(f"    pinned {coll}", file=sys.stderr, flush=True)
-            runs[coll] = run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants",
-                                         ",".join(variants + extra.get(coll, ())),
-                                         "--budget", "0.5" if ctx.quick else "2"], timeout=2400)
+            runs[coll] = median_of_trials(run_ranks(lab, ["sweep", "--collective", coll, "--sizes", sizes, "--variants",
+                                                          ",".join(variants + extra.get(coll, ())),
+                                                          "--budget", "0.5" if ctx.quick else "2"]
+                                                    + passes.get(coll, []), timeout=2400))
     # Physical limits (hosts 0, 1 on leaf 0, hosts 2, 3 on leaf 1; each
     # direction of the core is 4 spine links of CORE Mbit/s; S = size):
     # - sendrecv: the ring 0->1->2->3->0 crosses the core twice, 1->2 and

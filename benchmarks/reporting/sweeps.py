@@ -239,14 +239,15 @@ def sec_p2p_alltoall(rec, out):
             bw = {v: get[(v, s)]["busbw_GBps"] * 1e3 for v in variants}
             g = best_gloo(bw)
             ad, one = bw.get("adaptive"), bw.get("single")
-            trs.append([size_label(s)] + [spread_cell(bw[v], iter_busbw(get[(v, s)])) for v in variants]
+            trs.append([size_label(s)] + [busbw_cell(get[(v, s)]) if len(get[(v, s)].get("trials_busbw_GBps", ())) > 1
+                                          else spread_cell(bw[v], iter_busbw(get[(v, s)])) for v in variants]
                        + [g[0] if g else "-", ad / g[1] if g and ad else "-", ad / one if ad and one else "-",
                           ad / limits[coll] if ad else "-"])
         wrong = sorted({f"{r['variant']} at {size_label(r['bytes'])}" for r in run["rows"] if r.get("exact") is False})
         parts.append(f"**{coll}** (physical limit {limits[coll]:.0f} MB/s)\n\n"
                      + table(["size"] + [f"{v} busbw MB/s" for v in variants]
                              + ["best gloo", "adaptive / best gloo", "adaptive / single", "adaptive / limit"], trs)
-                     + not_measured(variants)
+                     + passes_note(run) + not_measured(variants)
                      + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else ""))
     return ("Point to point and all-to-all vs gloo",
             f"nccl-tests style on 4 ranks of the pinned lab ({d['core_mbit']} Mbit/s per core link, "
@@ -258,7 +259,10 @@ def sec_p2p_alltoall(rec, out):
             "core carries `size` bytes whatever the algorithm (2 ranks x 2 remote ranks x size/4), so busbw is at "
             "most 3/4 of the 4 core links. Cells: busbw median (min-max) over the iterations, each timed on the "
             "slowest rank; adaptive = maestro's default policy, single = maestro on one path, gloo-4dev = one "
-            "gloo device per vNIC address, adaptive@alltoall_window=2 = the default policy with two all-to-all "
+            "gloo device per vNIC address, adaptive@min_chunk_size=256K = the default policy in whole 256 KiB "
+            "chunks (at 64 KiB and 1 MiB also without the mid-size cut into one chunk per path) where the "
+            "default cuts an exchange's messages to other hosts into 64 KiB chunks, "
+            "adaptive@alltoall_window=2 = the default policy with two all-to-all "
             "steps in flight instead of every step, adaptive@exchange_window=8 = the default policy with the "
             "path window's 8 chunks of the exchange a path instead of the 2 the tuner holds across hosts "
             "(where present in the record). Every result was checked after its first call.\n\n"

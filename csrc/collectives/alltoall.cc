@@ -6,7 +6,8 @@
 // switch buffers; unlike the Bruck algorithm it moves every byte once, which
 // is what large and uneven (mixture-of-experts) exchanges need. The data goes
 // one-sided, zero copy: each block is written straight from the sender's
-// tensor into the receiver's. Every step is in flight at once (every pair at
+// tensor into the receiver's, in the smallest chunks to another host (tuner.h,
+// kExchangeCut). Every step is in flight at once (every pair at
 // a time), each path holding at most the tuner's exchange window of chunks
 // of them (tuner.h, exchangeWindow): steps cross the
 // core unevenly (on two leaves of two hosts each, step 2 crosses with both
@@ -61,7 +62,7 @@ void exchange(OpContext& ctx, const ExchangePlan& plan) {
     if (bytes == 0) continue;
     const Segmentation seg = cut(bytes);
     for (uint32_t g = 0; g < seg.per_block; ++g)
-      pending.push_back({p, engine.expect(p, ctx.tag(g), segmentOf(Span{0, bytes}, seg, g).bytes)});
+      pending.push_back({p, engine.expect(p, ctx.tag(g), segmentOf(Span{0, bytes}, seg, g).bytes, nullptr, kExchangeCut)});
   }
 
   std::vector<std::vector<std::shared_ptr<multipath::SendOp>>> writes(n);  // by step
@@ -82,7 +83,8 @@ void exchange(OpContext& ctx, const ExchangePlan& plan) {
       Span span = segmentOf(Span{0, bytes}, seg, g);
       try {
         writes[k].push_back(engine.write(p, plan.send[p].region, plan.send[p].base + span.offset, theirs[p].region,
-                                         theirs[p].base + span.offset, span.bytes, ctx.tag(g), window));
+                                         theirs[p].base + span.offset, span.bytes, ctx.tag(g), window,
+                                         kExchangeCut));
       } catch (const Error& e) {
         ctx.abort(e.what());
       }

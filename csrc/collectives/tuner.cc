@@ -81,6 +81,8 @@ std::string describeTuner(const multipath::Engine& engine) {
   os << "  all_to_all, gather, scatter: " << c.alltoall_window << " all-to-all step(s) in flight, at most "
      << (exchangeWindow(engine) > 0 ? std::min(exchangeWindow(engine), c.window) : c.window)
      << " chunks of them a path";
+  if (kExchangeCut == multipath::Cut::kFine && c.min_chunk_size < c.chunk_size && spans)
+    os << ", cut into chunks of " << c.min_chunk_size << " bytes to another host";
   return os.str();
 }
 

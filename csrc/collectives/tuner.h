@@ -86,6 +86,17 @@ uint64_t recursiveDoublingLimit(int ranks, bool spans_hosts, const std::string& 
 // path window.
 constexpr int kExchangeWindowAcrossHosts = 2;
 int exchangeWindow(const multipath::Engine& engine);
+// How an exchange's messages are cut: in the smallest chunks
+// (MAESTRO_MIN_CHUNK_SIZE, 64 KiB on TCP) to a rank on another host, not in
+// whole ones (multipath/decomposer.h, Cut::kFine). Every pair's block is in
+// flight at once and ends together; with 256 KiB chunks a block's last
+// chunk keeps one path busy for a chunk's time after its siblings drained,
+// and every block ends that way: on the pinned lab's 4 ranks all-to-all
+// reached 0.85-0.88 of its limit at 16 MiB and 0.88-0.90 at 64 MiB with
+// whole chunks, 0.89-0.92 and 0.93-0.94 with 64 KiB ones (ECMP alike);
+// 32 KiB ones did no better at 64 MiB. One host and verbs have no smaller
+// chunk, so there the cut changes nothing.
+constexpr multipath::Cut kExchangeCut = multipath::Cut::kFine;
 // Largest reduce that goes direct, and largest by the tree (the limit
 // measured for the direct reduce against the ring, before the tree). From
 // probes with MAESTRO_ALGO forcing each (rank_bench sweep --collective

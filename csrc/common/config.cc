@@ -234,8 +234,9 @@ std::vector<Knob> schedulingKnobs() {
        "smallest chunk of a mid-size message: a message to a rank on another host shorter than one chunk per "
        "path is cut into one chunk per path, none smaller than this, so it still uses every path; a ring across "
        "hosts whose blocks are at most this per path sends them in messages of this size, each forwarded as it "
-       "lands (K/M suffixes; multiple of 64); auto: 64K on tcp, the chunk size (off) on verbs; at least the "
-       "chunk size: off",
+       "lands; all-to-all, gather and scatter cut their messages to another host into chunks of this size, so "
+       "that every path's last chunk ends at about the same time (K/M suffixes; multiple of 64); auto: 64K on "
+       "tcp, the chunk size (off) on verbs; at least the chunk size: off",
        true, [](const Config& c) { return autoOrNumber(c.min_chunk_size); },
        [](Config& c, const std::string& v) { setChunkBytes(c.min_chunk_size, "MAESTRO_MIN_CHUNK_SIZE", v); }},
       {"policy", "MAESTRO_POLICY", "adaptive", policyDoc(), true,

@@ -7,6 +7,11 @@
 namespace maestro {
 namespace multipath {
 
+Chunking cutWith(const Chunking& chunking, Cut cut) {
+  if (cut == Cut::kDefault || chunking.min_chunk >= chunking.chunk_size) return chunking;
+  return Chunking(chunking.min_chunk, chunking.min_chunk, chunking.spread);
+}
+
 uint64_t messageChunkSize(uint64_t message_bytes, const Chunking& chunking) {
   MAESTRO_CHECK(chunking.chunk_size > 0 && chunking.spread > 0, "chunk size and spread must be positive");
   uint64_t size = chunking.chunk_size;

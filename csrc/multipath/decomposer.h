@@ -21,7 +21,12 @@
 //    chunks a 1 MiB allreduce on 4 ranks would send each ring step as one
 //    chunk, on one path;
 //  - one too long for kMaxChunksPerMessage chunks of chunk_size is cut into
-//    that many larger chunks.
+//    that many larger chunks;
+//  - one sent with Cut::kFine is cut as if chunk_size were min_chunk: its
+//    last chunks then leave every path at about the same time, where whole
+//    chunks would leave one path a chunk behind the others (the exchange's
+//    blocks, collectives/tuner.h). A chunking without a smaller chunk (one
+//    host, verbs) cuts it as usual. Sender and receiver pass the same Cut.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +66,14 @@ struct Chunking {
   Chunking(uint64_t chunk_size, uint64_t min_chunk, uint32_t spread)
       : chunk_size(chunk_size), min_chunk(min_chunk), spread(spread) {}
 };
+
+// How a message is cut (see above).
+enum class Cut {
+  kDefault,  // chunks of chunk_size
+  kFine,     // chunks of min_chunk
+};
+// The chunking a message sent with `cut` is cut with.
+Chunking cutWith(const Chunking& chunking, Cut cut);
 
 struct ChunkSpan {
   uint32_t index = 0;

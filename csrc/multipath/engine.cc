@@ -54,11 +54,11 @@ Region Engine::buffer(int slot, size_t bytes) { return core_->buffer(slot, bytes
 size_t Engine::bufferBytes() const { return core_->bufferBytes(); }
 void Engine::beginOperation(uint64_t seq) { core_->beginOperation(seq); }
 std::shared_ptr<SendOp> Engine::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                      uint64_t dst_offset, uint64_t length, uint32_t tag, int window) {
-  return core_->write(peer, src, src_offset, dst, dst_offset, length, tag, window);
+                                      uint64_t dst_offset, uint64_t length, uint32_t tag, int window, Cut cut) {
+  return core_->write(peer, src, src_offset, dst, dst_offset, length, tag, window, cut);
 }
-std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook) {
-  return core_->expect(peer, tag, length, std::move(hook));
+std::shared_ptr<RecvOp> Engine::expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook, Cut cut) {
+  return core_->expect(peer, tag, length, std::move(hook), cut);
 }
 void Engine::release(const std::shared_ptr<RecvOp>& op) { core_->release(op); }
 void Engine::sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub, const void* payload,

@@ -118,10 +118,14 @@ class Engine {
   // Also forgets what the epoch's tags saw in their previous use.
   void beginOperation(uint64_t seq);
   // `window` > 0: a path takes a chunk of this message only while it holds
-  // fewer than that many (Sender::message); 0: the path's window.
+  // fewer than that many (Sender::message); 0: the path's window. `cut`:
+  // how the message is cut into chunks (decomposer.h); the receiver's
+  // expect() must name the same.
   std::shared_ptr<SendOp> write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0);
-  std::shared_ptr<RecvOp> expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook = nullptr);
+                                uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0,
+                                Cut cut = Cut::kDefault);
+  std::shared_ptr<RecvOp> expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook = nullptr,
+                                 Cut cut = Cut::kDefault);
   void release(const std::shared_ptr<RecvOp>& op);
 
   // ---- control ----

@@ -81,8 +81,10 @@ class EngineCore : public ChannelSink {
 
   void beginOperation(uint64_t seq);
   std::shared_ptr<SendOp> write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0);
-  std::shared_ptr<RecvOp> expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook = nullptr);
+                                uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0,
+                                Cut cut = Cut::kDefault);
+  std::shared_ptr<RecvOp> expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook = nullptr,
+                                 Cut cut = Cut::kDefault);
   void release(const std::shared_ptr<RecvOp>& op);
 
   void sendControl(int peer, ControlType type, uint64_t seq, uint32_t sub, const void* payload = nullptr,

@@ -26,20 +26,21 @@ bool Reassembler::testAndSet(Message& m, uint32_t chunk) {
   return true;
 }
 
-std::vector<ChunkSpan> Reassembler::expect(uint32_t tag, uint64_t bytes, std::shared_ptr<ChunkHook> hook) {
+std::vector<ChunkSpan> Reassembler::expect(uint32_t tag, uint64_t bytes, std::shared_ptr<ChunkHook> hook, Cut cut) {
   MAESTRO_CHECK(tag < kUsedTags, "message tag ", tag, " out of range");
   Message& m = at(tag);
   MAESTRO_CHECK(!m.expected, "message tag ", tag, " is already expected (collective schedule bug)");
   m.expected = true;
   m.bytes = bytes;
-  m.chunks = chunkCount(bytes, chunking_);
+  m.chunking = cutWith(chunking_, cut);
+  m.chunks = chunkCount(bytes, m.chunking);
   m.hook = std::move(hook);
   std::vector<ChunkSpan> early;
   for (const auto& e : m.early) {
-    ChunkSpan span = chunkAt(bytes, chunking_, e.first);
+    ChunkSpan span = chunkAt(bytes, m.chunking, e.first);
     MAESTRO_CHECK(e.first < m.chunks && span.length == e.second, "chunk ", e.first, " of message ", tag,
                   " arrived with ", e.second, " bytes, but the message has ", m.chunks, " chunks of ",
-                  messageChunkSize(bytes, chunking_), " bytes (MAESTRO_CHUNK_SIZE differs between ranks?)");
+                  messageChunkSize(bytes, m.chunking), " bytes (MAESTRO_CHUNK_SIZE differs between ranks?)");
     early.push_back(span);
   }
   m.early.clear();
@@ -64,7 +65,7 @@ Reassembler::Landed Reassembler::land(uint32_t tag, uint32_t chunk, uint64_t len
     m.early.emplace_back(chunk, length);
     return Landed::kEarly;
   }
-  ChunkSpan span = chunkAt(m.bytes, chunking_, chunk);
+  ChunkSpan span = chunkAt(m.bytes, m.chunking, chunk);
   if (span.length != length) {
     *error = strcat("chunk ", chunk, " of message ", tag, " carried ", length, " bytes, expected ", span.length,
                     " (MAESTRO_CHUNK_SIZE differs between ranks?)");

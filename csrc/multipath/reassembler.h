@@ -34,10 +34,12 @@ class Reassembler {
   // How this peer's messages are cut (the sender cuts them the same way).
   const Chunking& chunking() const { return chunking_; }
 
-  // Announce message `tag` of `bytes`. Returns the chunks that landed early
-  // (to be run through the hook and reported with processed()). Throws on a
-  // tag still in use or early chunks that do not fit the message.
-  std::vector<ChunkSpan> expect(uint32_t tag, uint64_t bytes, std::shared_ptr<ChunkHook> hook);
+  // Announce message `tag` of `bytes`, cut as `cut` (the sender's). Returns
+  // the chunks that landed early (to be run through the hook and reported
+  // with processed()). Throws on a tag still in use or early chunks that do
+  // not fit the message.
+  std::vector<ChunkSpan> expect(uint32_t tag, uint64_t bytes, std::shared_ptr<ChunkHook> hook,
+                                Cut cut = Cut::kDefault);
   // A chunk landed. kNew: run *hook_out (may be null) for *span_out, then call
   // processed(). kEarly/kDuplicate: nothing to do. kError: *error says why.
   Landed land(uint32_t tag, uint32_t chunk, uint64_t length, ChunkSpan* span_out,
@@ -61,6 +63,7 @@ class Reassembler {
   struct Message {
     bool expected = false;
     uint64_t bytes = 0;
+    Chunking chunking;  // this message's (cutWith)
     uint32_t chunks = 0;
     uint32_t landed = 0;
     uint32_t processed = 0;

@@ -16,7 +16,7 @@ using namespace detail;
 
 // ---------------------------------------------------------------- receiving
 
-std::shared_ptr<RecvOp> EngineCore::expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook) {
+std::shared_ptr<RecvOp> EngineCore::expect(int peer, uint32_t tag, uint64_t length, ChunkHook hook, Cut cut) {
   MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
   auto op = std::make_shared<RecvOp>();
   op->peer_ = peer;
@@ -28,7 +28,7 @@ std::shared_ptr<RecvOp> EngineCore::expect(int peer, uint32_t tag, uint64_t leng
   {
     std::lock_guard<std::mutex> lock(p.mu);
     connectLocked(p);
-    early = p.reassembler.expect(tag, length, shared_hook);
+    early = p.reassembler.expect(tag, length, shared_hook, cut);
     p.receiving[tag] = op;
     if (p.reassembler.complete(tag)) op->done_.store(true, std::memory_order_release);
   }

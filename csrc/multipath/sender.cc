@@ -141,7 +141,8 @@ void Sender::post(int peer, int path, ChunkDesc* c) {
 // ---------------------------------------------------------------- messages
 
 std::shared_ptr<SendOp> Sender::message(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                        uint64_t dst_offset, uint64_t length, uint32_t tag, int window) const {
+                                        uint64_t dst_offset, uint64_t length, uint32_t tag, int window,
+                                        Cut cut) const {
   auto op = std::make_shared<SendOp>();
   op->peer_ = peer;
   op->tag_ = tag;
@@ -151,7 +152,7 @@ std::shared_ptr<SendOp> Sender::message(int peer, const Region& src, uint64_t sr
   op->src_addr_ = static_cast<const uint8_t*>(src.addr) + src_offset;
   op->dst_ = dst;
   op->dst_offset_ = dst_offset;
-  for (const ChunkSpan& s : decompose(length, peers_[peer].chunking)) {
+  for (const ChunkSpan& s : decompose(length, cutWith(peers_[peer].chunking, cut))) {
     ChunkDesc c;
     c.op = op.get();
     c.index = s.index;
@@ -404,12 +405,12 @@ int EngineCore::inflightOn(int peer, int transport_path) {
 }
 
 std::shared_ptr<SendOp> EngineCore::write(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                          uint64_t dst_offset, uint64_t length, uint32_t tag, int window) {
+                                          uint64_t dst_offset, uint64_t length, uint32_t tag, int window, Cut cut) {
   MAESTRO_CHECK(peer != rank_ && peer >= 0 && peer < size_, "bad peer ", peer);
   MAESTRO_CHECK(tag < kUsedTags, "message tag ", tag, " out of range");
   MAESTRO_CHECK(src_offset <= src.length && length <= src.length - src_offset, "write source [", src_offset, ", +",
                 length, ") outside its region of ", src.length, " bytes");
-  std::shared_ptr<SendOp> op = sender_->message(peer, src, src_offset, dst, dst_offset, length, tag, window);
+  std::shared_ptr<SendOp> op = sender_->message(peer, src, src_offset, dst, dst_offset, length, tag, window, cut);
   if (op->done()) return op;
   Peer& p = *peers_[peer];
   std::lock_guard<std::mutex> lock(p.mu);

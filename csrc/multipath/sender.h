@@ -76,8 +76,11 @@ class Sender {
   // chunk of it only while it holds fewer than that many (of any message),
   // within its own window: a message whose chunks are better placed as
   // completions come back than all at once (the exchange's, tuner.h).
+  // `cut`: how it is cut into chunks (decomposer.h; the receiver's expect()
+  // names the same).
   std::shared_ptr<SendOp> message(int peer, const Region& src, uint64_t src_offset, const RemoteRegion& dst,
-                                  uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0) const;
+                                  uint64_t dst_offset, uint64_t length, uint32_t tag, int window = 0,
+                                  Cut cut = Cut::kDefault) const;
   // Its chunks placed and the windows filled; kept until it is finished.
   void send(const std::shared_ptr<SendOp>& op);
 

@@ -100,6 +100,27 @@ TEST(Decomposer, MidSizeMessagesAreCutIntoOneChunkPerPath) {
     }
 }
 
+// A fine cut is the chunking with its smallest chunk as the chunk; where
+// there is none smaller (one host, verbs), the chunking itself.
+TEST(Decomposer, AFineCutTakesTheSmallestChunk) {
+  const uint64_t K = 1024;
+  const Chunking tcp(256 * K, 64 * K, 4);
+  EXPECT_EQ(256 * K, messageChunkSize(4096 * K, cutWith(tcp, Cut::kDefault)));
+  EXPECT_EQ(64 * K, messageChunkSize(4096 * K, cutWith(tcp, Cut::kFine)));
+  EXPECT_EQ(64u, chunkCount(4096 * K, cutWith(tcp, Cut::kFine)));
+  // A mid-size message: still one chunk per path, none under the floor.
+  EXPECT_EQ(64 * K, messageChunkSize(200 * K, cutWith(tcp, Cut::kFine)));
+  EXPECT_EQ(1u, chunkCount(64 * K, cutWith(tcp, Cut::kFine)));
+  for (const Chunking& whole : {Chunking(256 * K), Chunking(50 * K, 50 * K, 4), Chunking(64 * K, 256 * K, 4)}) {
+    const Chunking c = cutWith(whole, Cut::kFine);
+    EXPECT_EQ(whole.chunk_size, c.chunk_size);
+    EXPECT_EQ(whole.min_chunk, c.min_chunk);
+  }
+  // Beyond the chunk limit the chunks grow, as with any cut.
+  const uint64_t huge = static_cast<uint64_t>(kMaxChunksPerMessage) * 64 * K + 1;
+  EXPECT_EQ(kMaxChunksPerMessage, chunkCount(huge, cutWith(tcp, Cut::kFine)));
+}
+
 TEST(Decomposer, MessagesBeyondTheChunkLimitGetLargerChunks) {
   const uint64_t most = static_cast<uint64_t>(kMaxChunksPerMessage) * 4096;
   EXPECT_EQ(4096u, messageChunkSize(most, 4096));

@@ -79,6 +79,25 @@ TEST(Reassembler, EarlyChunksAreHandedBackByExpect) {
   EXPECT_EQ(0u, r.active());
 }
 
+// Early chunks of a message cut fine are checked against the fine cut the
+// receiver names, not the peer's whole chunks.
+TEST(Reassembler, EarlyChunksOfAFineCutMessageFitItsSmallestChunks) {
+  Reassembler r(Chunking(100, 25, 2));
+  ChunkSpan span;
+  std::shared_ptr<ChunkHook> h;
+  std::string err;
+  EXPECT_EQ(Reassembler::Landed::kEarly, r.land(4, 3, 25, &span, &h, &err));
+  auto early = r.expect(4, 110, nullptr, Cut::kFine);
+  ASSERT_EQ(1u, early.size());
+  EXPECT_EQ(75u, early[0].offset);
+  EXPECT_EQ(Reassembler::Landed::kNew, r.land(4, 4, 10, &span, &h, &err)) << err;
+  EXPECT_EQ(100u, span.offset);
+  EXPECT_EQ(Reassembler::Landed::kError, r.land(4, 5, 25, &span, &h, &err));  // 5 chunks only
+  // The same early chunk does not fit a message cut whole.
+  EXPECT_EQ(Reassembler::Landed::kEarly, r.land(6, 3, 25, &span, &h, &err));
+  EXPECT_THROW(r.expect(6, 110, nullptr), Error);
+}
+
 TEST(Reassembler, InconsistentChunksAreErrors) {
   Reassembler r(100);
   r.expect(2, 150, nullptr);

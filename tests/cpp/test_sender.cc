@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <set>
 
+#include "multipath/reassembler.h"
 #include "multipath/sender.h"
 
 namespace maestro {
@@ -50,17 +51,17 @@ class SenderTest : public ::testing::Test {
     links_ = links.get();
     links_->usable_.assign(paths, true);
     const Config config = Config::resolve({{"policy", policy}, {"window", std::to_string(window)}});
-    sender_ = std::make_unique<Sender>(config, std::vector<Chunking>(2, Chunking(kChunk)), std::move(links), samples);
+    sender_ = std::make_unique<Sender>(config, std::vector<Chunking>(2, chunking_), std::move(links), samples);
     links_->sender = sender_.get();
     sender_->install(kPeer, paths, Clock::now());
   }
-  std::shared_ptr<SendOp> write(uint64_t length, uint32_t tag = 5, int window = 0) {
+  std::shared_ptr<SendOp> write(uint64_t length, uint32_t tag = 5, int window = 0, Cut cut = Cut::kDefault) {
     Region src;
     src.id = 1;
     src.addr = buffer_.data();
     src.length = buffer_.size();
     RemoteRegion dst{7, 9, 0, buffer_.size()};
-    auto op = sender_->message(kPeer, src, 0, dst, 0, length, tag, window);
+    auto op = sender_->message(kPeer, src, 0, dst, 0, length, tag, window, cut);
     if (!op->done()) sender_->send(op);
     return op;
   }
@@ -96,6 +97,7 @@ class SenderTest : public ::testing::Test {
   }
 
   std::vector<uint8_t> buffer_ = std::vector<uint8_t>(1 << 16);
+  Chunking chunking_ = Chunking(kChunk);  // make() hands it to the sender
   Links* links_ = nullptr;
   std::unique_ptr<Sender> sender_;
 };
@@ -126,6 +128,46 @@ TEST_F(SenderTest, AMessagesOwnWindowBoundsWhatAPathHoldsOfIt) {
     drain(0);
     EXPECT_TRUE(narrow->done() && wide->done());
   }
+}
+
+// A message cut fine (the exchange's, to another host) goes in chunks of the
+// smallest size, a whole one in whole chunks; a receiver told the same cut
+// takes each posted chunk as new and completes the message on the last.
+TEST_F(SenderTest, AFineCutMessageGoesInTheSmallestChunksTheReceiverExpects) {
+  chunking_ = Chunking(kChunk, kChunk / 4, 3);
+  make("round_robin", 64, 3);
+  for (Cut cut : {Cut::kDefault, Cut::kFine}) {
+    SCOPED_TRACE(cut == Cut::kFine ? "fine" : "whole");
+    links_->posts.clear();
+    const uint64_t length = 10 * kChunk + 70, piece = cut == Cut::kFine ? kChunk / 4 : kChunk;
+    auto op = write(length, 5, 0, cut);
+    ASSERT_EQ((length + piece - 1) / piece, links_->posts.size());
+    Reassembler receiver(chunking_);
+    receiver.expect(5, length, nullptr, cut);
+    std::vector<transport::WriteRequest> reqs;
+    for (const auto& post : links_->posts) reqs.push_back(post.req);
+    for (size_t i = 0; i < reqs.size(); ++i) {  // in the order posted
+      ChunkSpan span;
+      std::shared_ptr<ChunkHook> hook;
+      std::string err;
+      ASSERT_EQ(Reassembler::Landed::kNew, receiver.land(5, immChunk(reqs[i].imm), reqs[i].length, &span, &hook, &err))
+          << err;
+      EXPECT_EQ(reqs[i].remote_offset, span.offset);
+      EXPECT_EQ(i + 1 == reqs.size(), receiver.processed(5));
+    }
+    std::sort(reqs.begin(), reqs.end(), [](const auto& a, const auto& b) { return a.remote_offset < b.remote_offset; });
+    uint64_t at = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {  // in the message's order: every byte once
+      EXPECT_EQ(i + 1 < reqs.size() ? piece : length % piece, reqs[i].length) << i;
+      EXPECT_EQ(at, reqs[i].remote_offset) << i;
+      at += reqs[i].length;
+    }
+    EXPECT_EQ(length, at);
+    drain(0);
+    EXPECT_TRUE(op->done());
+  }
+  // A chunking with no smaller chunk (one host, verbs) cuts it whole.
+  EXPECT_EQ(kChunk, messageChunkSize(10 * kChunk, cutWith(Chunking(kChunk), Cut::kFine)));
 }
 
 TEST_F(SenderTest, PlacesChunksInTurnWithinEachPathsWindow) {

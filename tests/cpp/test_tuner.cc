@@ -149,6 +149,12 @@ TEST(Tuner, TheExchangeHoldsTwoChunksAPathAcrossHosts) {
   EXPECT_EQ(0, exchangeWindow(*one.engines[0])) << "ranks of one host: the path window";
   setRingSpansHosts(true);
   EXPECT_EQ(kExchangeWindowAcrossHosts, exchangeWindow(*one.engines[0]));
+  {
+    // Across hosts the exchange goes in the smallest chunks, and says so.
+    World cut(2, {{"chunk_size", "16K"}, {"min_chunk_size", "4K"}});
+    const std::string text = describeTuner(*cut.engines[0]);
+    EXPECT_NE(std::string::npos, text.find("a path, cut into chunks of 4096 bytes to another host")) << text;
+  }
   resetRingSpansHosts();
   auto opts = testing::smallUnits();
   opts["exchange_window"] = "3";

@@ -83,7 +83,9 @@ def test_sizes_and_counts_the_readme_quotes_are_the_codes():
 
     small, direct = kib(c["small_reduce_bytes"]), kib(c["direct_reduce_bytes"])
     claims = [f"chunks ({kib(c['verbs_chunk_bytes'])} on RDMA as in the paper, {kib(c['tcp_chunk_bytes'])} on TCP;",
-              f"one chunk per path, down to {kib(c['tcp_min_chunk_bytes'])})",
+              f"one chunk per path, down to {kib(c['tcp_min_chunk_bytes'])}, and all-to-all's go to another host in "
+              f"{kib(c['tcp_min_chunk_bytes'])} chunks)",
+              f"in the smallest chunks (`MAESTRO_MIN_CHUNK_SIZE`, {kib(c['tcp_min_chunk_bytes'])} on TCP)",
               f"({c['groups_sharing_paths']} groups at a time besides the default one)",
               f"up to {direct} every rank writes its tensor straight to the root",
               f"writes straight into the root's scratch, up to {direct};", f"up to {small} by a binomial tree",

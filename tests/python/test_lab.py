@@ -118,9 +118,10 @@ def test_mid_size_collectives_are_exact_across_hosts_and_through_a_spine_link_cu
     # into 64 KiB messages of one chunk (a ring across hosts whose blocks are
     # at most one smallest chunk per path), forwarded chunk by chunk. Sizes
     # below, inside and above that range, then a spine link cut while 1 MiB
-    # allreduces run: every result exact, the cut path's chunks moved.
+    # allreduces run: every result exact, the cut path's chunks moved. An
+    # all-to-all's blocks go to the other hosts in 64 KiB chunks.
     with lab("tm", mode="pinned") as l:
-        for coll in ("allreduce", "allgather"):
+        for coll in ("allreduce", "allgather", "alltoall"):
             res = result_of(labrun.run(l, ["benchmarks/rank_bench.py", "sweep", "--collective", coll, "--sizes",
                                            "192K,772K,1M,2M", "--variants", "adaptive,round_robin",
                                            "--budget", "0.2"], timeout=300))

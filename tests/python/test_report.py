@@ -14,6 +14,7 @@ DATA = os.path.join(ROOT, "docs", "results", "data")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import report  # noqa: E402
+import suite  # noqa: E402
 from reporting import headline, link_events, overheads, path_choice, peers, performance, sweeps, training  # noqa: E402
 from reporting.common import load  # noqa: E402
 from reporting.sanity import sanity  # noqa: E402
@@ -285,6 +286,25 @@ def test_p2p_alltoall_renders_a_table_per_collective_and_one_plot(tmp_path):
     assert line.endswith("| gloo | 3.75 | 4 | 0.9 |"), line
     assert md.count("| 64 KiB |") == 2 and "Not measured" not in md and "Wrong results" not in md
     assert md.count("results/p2p_alltoall.png") == 1 and (tmp_path / "results" / "p2p_alltoall.png").exists()
+
+
+def test_p2p_alltoall_cells_run_in_several_passes_are_their_median_pass(tmp_path):
+    # The suite runs the default's all-to-all in 3 passes and keeps the
+    # median pass (suite.median_of_trials): its cell shows the passes'
+    # spread, and a note says which cells are medians of passes.
+    rec = p2p_alltoall_record()
+    run = rec["data"]["runs"]["alltoall"]
+    first = run["rows"]
+    again = [dict(r, busbw_GBps=r["busbw_GBps"] * f) for f in (0.9, 1.1) for r in first if r["variant"] == "adaptive"]
+    run.update({"trials": [{"rows": first}, {"rows": again[:2]}, {"rows": again[2:]}],
+                "repeat": {"variants": ["adaptive"], "up_to": 16 << 20}})
+    rec["data"]["runs"]["alltoall"] = suite.median_of_trials(run)
+    _, body = sweeps.sec_p2p_alltoall(rec, str(tmp_path))
+    tables = body.split("**alltoall** (physical limit")
+    line = next(l for l in tables[1].splitlines() if l.startswith("| 16 MiB |"))
+    assert "| 54.0 (48.6-59.4) |" in line and "| 13.5 (10.8-16.9) |" in line, line
+    assert "*adaptive up to 16 MiB: the median of 3 interleaved passes" in tables[1], tables[1]
+    assert "interleaved passes" not in tables[0], "sendrecv ran once"
 
 
 def test_p2p_alltoall_wrong_results_and_missing_peers_are_reported(tmp_path):
