@@ -141,6 +141,18 @@ def busbw_cell(row: dict) -> float | str:
     return spread_cell(row["busbw_GBps"] * 1e3, passes) if len(passes) > 1 else row["busbw_GBps"] * 1e3
 
 
+def cpu_table(run: dict, variants: list, sizes: list) -> str:
+    """A sweep's CPU seconds per GB, a row per size (of each cell's row:
+    the median pass where it ran in several), or '' where none was recorded."""
+    cpu = cpu_cells([run])
+    if not cpu:
+        return ""
+    return ("CPU seconds per GB of messages (each rank's, all its threads, over the timed iterations; "
+            "the mean over ranks):\n\n"
+            + table(["size"] + variants, [[size_label(s)] + [f"{cpu[(v, s)][0]:.2f}" if (v, s) in cpu else "-"
+                                                             for v in variants] for s in sizes]) + "\n\n")
+
+
 def passes_note(run: dict) -> str:
     """Which cells of a sweep are medians over passes ('' when none)."""
     rep = run.get("repeat")
@@ -171,13 +183,7 @@ def sec_collectives(rec, out):
         parts.append(f"**{key}** ({ecmp_settings(run)})\n\n" if key.startswith("ecmp") else f"**{key}**\n\n")
         parts[-1] += (table(hdr, trs) + passes_note(run) + not_run_note(run, variants)
                       + not_measured(variants, run.get("not_run", ())) + "\n\n")
-        cpu = cpu_cells([run])
-        if cpu:
-            parts[-1] += ("CPU seconds per GB of messages (each rank's, all its threads, over the timed iterations; "
-                          "the mean over ranks):\n\n"
-                          + table(["size"] + variants, [[size_label(s)] + [f"{cpu[(v, s)][0]:.2f}" if (v, s) in cpu
-                                                                           else "-" for v in variants]
-                                                        for s in sizes]) + "\n\n")
+        parts[-1] += cpu_table(run, variants, sizes)
         parts[-1] += save(fig, out, "collectives_" + key.replace("/", "_"))
     return ("Collectives vs gloo (paper Fig. 10)",
             f"nccl-tests busbw on 4 ranks (the ring crosses the core twice; physical limit {limit:.0f} MB/s = the "
@@ -248,7 +254,8 @@ def sec_p2p_alltoall(rec, out):
                      + table(["size"] + [f"{v} busbw MB/s" for v in variants]
                              + ["best gloo", "adaptive / best gloo", "adaptive / single", "adaptive / limit"], trs)
                      + passes_note(run) + not_measured(variants)
-                     + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else ""))
+                     + (f"\n\n**Wrong results:** {', '.join(wrong)}." if wrong else "")
+                     + ("\n\n" + cpu_table(run, variants, sizes)).rstrip())
     return ("Point to point and all-to-all vs gloo",
             f"nccl-tests style on 4 ranks of the pinned lab ({d['core_mbit']} Mbit/s per core link, "
             f"{d['access_mbit']} Mbit/s access), the peers in the same processes, timed alternately. **sendrecv**: "

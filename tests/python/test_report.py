@@ -294,7 +294,7 @@ def test_p2p_alltoall_cells_run_in_several_passes_are_their_median_pass(tmp_path
     # spread, and a note says which cells are medians of passes.
     rec = p2p_alltoall_record()
     run = rec["data"]["runs"]["alltoall"]
-    first = run["rows"]
+    first = [dict(r, cpu_s_per_GB=[1.0, 2.0, 3.0, 4.0]) for r in run["rows"]]
     again = [dict(r, busbw_GBps=r["busbw_GBps"] * f) for f in (0.9, 1.1) for r in first if r["variant"] == "adaptive"]
     run.update({"trials": [{"rows": first}, {"rows": again[:2]}, {"rows": again[2:]}],
                 "repeat": {"variants": ["adaptive"], "up_to": 16 << 20}})
@@ -305,6 +305,10 @@ def test_p2p_alltoall_cells_run_in_several_passes_are_their_median_pass(tmp_path
     assert "| 54.0 (48.6-59.4) |" in line and "| 13.5 (10.8-16.9) |" in line, line
     assert "*adaptive up to 16 MiB: the median of 3 interleaved passes" in tables[1], tables[1]
     assert "interleaved passes" not in tables[0], "sendrecv ran once"
+    # CPU per GB beside the busbw, the mean over ranks, where it was recorded.
+    assert "CPU seconds per GB" in tables[1] and "CPU seconds per GB" not in tables[0], body
+    cpu_row = [l for l in tables[1].splitlines() if l.startswith("| 16 MiB |")][-1]
+    assert cpu_row == "| 16 MiB | 2.50 | 2.50 | 2.50 | 2.50 |", cpu_row
 
 
 def test_p2p_alltoall_wrong_results_and_missing_peers_are_reported(tmp_path):
