@@ -354,6 +354,9 @@ def sweep_trial(args, groups: dict, order: list, up_to: dict, rate: dict, ready:
             paths0 = path_counters(v, g)
             times = timed(fn, g, most, settle, after_first=None if warmups else check)
             paths = path_deltas(paths0, path_counters(v, g))
+            every = [None] * dist.get_world_size()
+            dist.all_gather_object(every, paths)  # over the world group (bookkeeping)
+            paths = {str(r): p for r, p in enumerate(every) if p}
             cpu = cpu_s_per_GB(cpu0 + check_cpu[0], size * len(times))
             ok = torch.tensor([float(checked[0])])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # over the world group (bookkeeping)
@@ -368,7 +371,8 @@ def sweep_trial(args, groups: dict, order: list, up_to: dict, rate: dict, ready:
                          "times": times, "exact": bool(ok.item()),
                          # per rank, over the timed iterations (their barriers included)
                          "cpu_s_per_GB": cpu,
-                         # rank 0's paths over the timed iterations (maestro): what each carried and resent
+                         # every rank's paths over the timed iterations (maestro), by rank: what each
+                         # carried and resent (rank 0's alone would not show a ring link that crosses the core)
                          **({"path_bytes": paths} if paths else {})})
             log(f"  {args.collective} {size:>10} B {v:12} {size / med / 1e9 * factor * 1e3:8.1f} MB/s busbw"
                 + ("" if ok.item() else "  WRONG RESULT"))

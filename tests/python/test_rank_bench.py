@@ -33,14 +33,17 @@ def test_sweep_on_loopback_is_exact_for_every_variant(collective):
     for r in res["rows"]:
         assert r["exact"], r
         assert r["busbw_GBps"] > 0 and r["iters"] == len(r["times"]) >= 3, r  # 1M: 3 where they agree
-        # rank 0's paths over the timed iterations: maestro's only, each with what it sent and resent
-        # a small reduce goes straight (or by the tree) to its root, rank 0, which only receives
-        if r["variant"] == "gloo" or (collective == "reduce" and r["bytes"] <= 64 << 10):
-            assert "path_bytes" not in r, r
-        else:
-            assert r["path_bytes"] and all(sent > 0 and retx >= 0 for sent, retx in r["path_bytes"].values()), r
-            assert all(k.split("/")[0] == "1" for k in r["path_bytes"]), r  # rank 0's one peer
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor), r
+        # every rank's paths over the timed iterations, by rank: maestro's only, each with what it sent
+        # and resent; a small reduce goes straight (or by the tree) to its root, rank 0, which only receives
+        if r["variant"] == "gloo":
+            assert "path_bytes" not in r, r
+            continue
+        senders = ["1"] if collective == "reduce" and r["bytes"] <= 64 << 10 else ["0", "1"]
+        assert sorted(r["path_bytes"]) == senders, r
+        for rank, paths in r["path_bytes"].items():
+            assert paths and all(sent > 0 and retx >= 0 for sent, retx in paths.values()), r
+            assert all(k.split("/")[0] == str(1 - int(rank)) for k in paths), r  # each rank's one peer
 
 
 def test_a_long_cell_runs_no_warm_up_and_is_still_checked():
