@@ -39,34 +39,39 @@ struct World {
 };
 
 // Closes rank 0's paths to rank 1, one at a time, while the ranks run
-// `ops` operations (`started` counts them on rank 0), until a close made a
-// chunk go again on another path. A small chunk on loopback is
-// acknowledged within microseconds, so the one seen in flight may be
-// acknowledged before the close lands (the closing thread descheduled in
-// between): then nothing is sent again, and the next path is closed, up to
-// all but one. join() before reading what it saw.
+// operations (`started` counts them on rank 0; `finished` says they
+// stopped), until a close made a chunk go again on another path; done()
+// then says so, and the ranks stop at the next operation they agree on. A
+// small chunk on loopback is acknowledged within microseconds, so the one
+// seen in flight may be acknowledged before the close lands (the closing
+// thread descheduled in between): then nothing is sent again, and the next
+// path is closed, up to all but one. join() before reading what it saw.
 struct PathCloser {
-  PathCloser(World& w, const std::atomic<int>& started, int ops, int paths, int from = 0, int to = 1)
-      : thread([this, &w, &started, ops, paths, from, to] {
+  PathCloser(World& w, const std::atomic<int>& started, const std::atomic<bool>& finished, int paths, int from = 0,
+             int to = 1)
+      : thread([this, &w, &started, &finished, paths, from, to] {
           const auto until = after(60);
           int path = 0;
-          while (started.load() < ops && Clock::now() < until && path < paths - 1) {
+          while (!finished.load() && Clock::now() < until && path < paths - 1) {
             if (started.load() > 20 && w.engines[from]->inflightOn(to, path) > 0) {
               w.engines[from]->transport().closePath(to, path, "closed by the test");
-              closed_mid_operation = closed_mid_operation || started.load() < ops;
+              closed_mid_operation = closed_mid_operation || !finished.load();
               const auto flushed = after(0.5);
               while (resent(w) == 0 && Clock::now() < flushed)
                 std::this_thread::sleep_for(std::chrono::milliseconds(1));
-              if (resent(w) > 0) return;
+              if (resent(w) > 0) break;
               ++path;
             }
             std::this_thread::yield();
           }
+          done_ = true;
         }) {}
   ~PathCloser() {
     if (thread.joinable()) thread.join();
   }
   void join() { thread.join(); }
+  // It closed a path that made a chunk go again, or gave up.
+  bool done() const { return done_.load(); }
   // Chunks sent again, every rank's paths.
   static uint64_t resent(World& w) {
     uint64_t sum = 0;
@@ -74,6 +79,7 @@ struct PathCloser {
       for (const auto& s : e->pathStats()) sum += s.resent;
     return sum;
   }
+  std::atomic<bool> done_{false};
   bool closed_mid_operation = false;  // written by the thread, read after join()
   std::thread thread;
 };
@@ -121,36 +127,51 @@ inline void allreduceEveryOpOnInt64(World& w, uint64_t* seq, int root = -1) {
   }
 }
 
-// `ops` float sum allreduces of `count` elements back to back on every rank
-// of `w` while a PathCloser closes rank 0's paths to rank 1 (all but one of
+// Float sum allreduces of `count` elements back to back on every rank of
+// `w` while a PathCloser closes rank 0's paths to rank 1 (all but one of
 // `paths`): a close must land mid-operation and make a chunk go again, and
-// every result must be exact. With a root: reduces into it, every other
-// rank's tensor unchanged, and the paths closed are those of the rank
-// after the root (which sends to it in any algorithm) to the root.
+// every result must be exact. At least `ops` of them, and on until the
+// closer is done (the ranks agree on when to stop with a one-element
+// allreduce after each one from then on: a rank that stopped alone would
+// leave the others waiting), at most 50 x `ops`. With a root: reduces into
+// it, every other rank's tensor unchanged, and the paths closed are those
+// of the rank after the root (which sends to it in any algorithm) to the
+// root.
 inline void allreducesWhileAPathCloses(World& w, int ops, int paths, uint64_t count, int root = -1) {
   using namespace collectives;
   const int n = static_cast<int>(w.engines.size());
   auto value = [](int r, uint64_t i, int op) { return static_cast<float>((i * (r + 5) + 17 * op + r) % 2003); };
   std::atomic<int> started{0};
-  PathCloser closer(w, started, ops, paths, root < 0 ? 0 : (root + 1) % n, root < 0 ? 1 : root);
+  std::atomic<bool> finished{false};
+  PathCloser closer(w, started, finished, paths, root < 0 ? 0 : (root + 1) % n, root < 0 ? 1 : root);
   std::vector<int> wrong(n, 0);
   auto errors = runRanks(n, [&](int r) {
     auto& e = *w.engines[r];
     std::vector<float> data(count);
     Window win{e.registerMemory(data.data(), count * sizeof(float)), 0};
-    for (int op = 0; op < ops; ++op) {
+    std::vector<int32_t> more(1);
+    Window flag{e.registerMemory(more.data(), sizeof(int32_t)), 0};
+    uint64_t seq = 1;
+    for (int op = 0; op < 50 * ops; ++op) {
       for (uint64_t i = 0; i < count; ++i) data[i] = value(r, i, op);
       if (r == 0) started++;
-      if (root < 0) allreduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
-      else reduce(e, 1 + op, win, count, DType::kFloat32, ReduceOp::kSum, root, after(60));
+      if (root < 0) allreduce(e, seq++, win, count, DType::kFloat32, ReduceOp::kSum, after(60));
+      else reduce(e, seq++, win, count, DType::kFloat32, ReduceOp::kSum, root, after(60));
       for (uint64_t i = 0; i < count; ++i) {
         float want = 0;
         for (int q = 0; q < n; ++q) want += value(q, i, op);
         if (data[i] != (root < 0 || r == root ? want : value(r, i, op))) wrong[r]++;
       }
+      if (op + 1 < ops) continue;
+      more[0] = r == 0 && !closer.done() ? 1 : 0;  // rank 0 asks for another one while the closer works
+      allreduce(e, seq++, flag, 1, DType::kInt32, ReduceOp::kMax, after(60));
+      if (more[0] == 0) break;
     }
+    if (r == 0) finished = true;
+    e.deregisterMemory(flag.region);
     e.deregisterMemory(win.region);
   });
+  finished = true;
   closer.join();
   for (auto& err : errors) ASSERT_EQ("", errorText(err));
   ASSERT_TRUE(closer.closed_mid_operation) << "the path was not closed while the operations ran: the test proves nothing";
