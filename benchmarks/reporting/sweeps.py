@@ -134,11 +134,14 @@ def timing_note(runs) -> str:
     return note + "."
 
 
-def busbw_cell(row: dict) -> float | str:
-    """A sweep cell's busbw (MB/s): the number, or 'median (min-max)' over
-    the passes of a cell run in several (median_of_trials)."""
+def busbw_cell(row: dict, spread: list | None = None) -> float | str:
+    """A sweep cell's busbw (MB/s): 'median (min-max)' over the passes of a
+    cell run in several (median_of_trials); else over `spread` (MB/s, e.g.
+    its iterations') where given, else the number."""
     passes = [x * 1e3 for x in row.get("trials_busbw_GBps", ())]
-    return spread_cell(row["busbw_GBps"] * 1e3, passes) if len(passes) > 1 else row["busbw_GBps"] * 1e3
+    if len(passes) > 1:
+        return spread_cell(row["busbw_GBps"] * 1e3, passes)
+    return row["busbw_GBps"] * 1e3 if spread is None else spread_cell(row["busbw_GBps"] * 1e3, spread)
 
 
 def cpu_table(run: dict, variants: list, sizes: list) -> str:
@@ -245,8 +248,7 @@ def sec_p2p_alltoall(rec, out):
             bw = {v: get[(v, s)]["busbw_GBps"] * 1e3 for v in variants}
             g = best_gloo(bw)
             ad, one = bw.get("adaptive"), bw.get("single")
-            trs.append([size_label(s)] + [busbw_cell(get[(v, s)]) if len(get[(v, s)].get("trials_busbw_GBps", ())) > 1
-                                          else spread_cell(bw[v], iter_busbw(get[(v, s)])) for v in variants]
+            trs.append([size_label(s)] + [busbw_cell(get[(v, s)], iter_busbw(get[(v, s)])) for v in variants]
                        + [g[0] if g else "-", ad / g[1] if g and ad else "-", ad / one if ad and one else "-",
                           ad / limits[coll] if ad else "-"])
         wrong = sorted({f"{r['variant']} at {size_label(r['bytes'])}" for r in run["rows"] if r.get("exact") is False})

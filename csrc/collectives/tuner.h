@@ -94,8 +94,10 @@ int exchangeWindow(const multipath::Engine& engine);
 // and every block ends that way: on the pinned lab's 4 ranks all-to-all
 // reached 0.85-0.88 of its limit at 16 MiB and 0.88-0.90 at 64 MiB with
 // whole chunks, 0.89-0.92 and 0.93-0.94 with 64 KiB ones (ECMP alike);
-// 32 KiB ones did no better at 64 MiB. One host and verbs have no smaller
-// chunk, so there the cut changes nothing.
+// 32 KiB ones did no better at 64 MiB (probes; docs/results.md, "Point to
+// point and all-to-all", has the default beside whole chunks,
+// @min_chunk_size=256K). One host and verbs have no smaller chunk, so there
+// the cut changes nothing.
 constexpr multipath::Cut kExchangeCut = multipath::Cut::kFine;
 // Largest reduce that goes direct, and largest by the tree (the limit
 // measured for the direct reduce against the ring, before the tree). From
