@@ -249,6 +249,7 @@ def cmd_sweep(args):
     if unknown:
         raise SystemExit(f"--up-to names {unknown}, which are not among --variants {variants}")
     repeat, repeat_up_to = parse_repeat(args.repeat, variants)
+    extra, extra_up_to, extra_passes = parse_extra_passes(args.extra_passes, variants)
     groups = {v: make_group(v, maestro_extra(args)) for v in variants}
     # Rank 0's probed route (its first core hop) of every path per peer of
     # each maestro group; empty where discovery did not run, or where the
@@ -264,39 +265,57 @@ def cmd_sweep(args):
     ready = time.monotonic()
     rate = {}  # variant -> seconds per byte of its last cell of WARM_BYTES or more
     trials = []
-    for trial in range(args.trials):
+    passes = args.trials + extra_passes
+    for trial in range(passes):
         # Each trial rotates the order of the variants: a sweep measures them one after another.
         pool, limits = variants, up_to
-        if trial and repeat:  # a later pass: only the repeated variants, up to their size
-            pool = repeat
-            limits = {v: min(up_to.get(v, repeat_up_to), repeat_up_to) for v in repeat}
+        if trial >= args.trials:  # an extra pass: only its variants, up to its size
+            pool, top = extra, extra_up_to
+        elif trial and repeat:  # a later pass: only the repeated variants, up to their size
+            pool, top = repeat, repeat_up_to
+        if pool is not variants:
+            limits = {v: min(up_to.get(v, top), top) for v in pool}
         k = trial % len(pool)
         order = pool[k:] + pool[:k]
-        if args.trials > 1:
-            log(f"  trial {trial + 1}/{args.trials}: {','.join(order)}")
+        if passes > 1:
+            log(f"  trial {trial + 1}/{passes}: {','.join(order)}")
         trials.append({"order": order, "rows": sweep_trial(args, groups, order, limits, rate, ready)})
     out = {"collective": args.collective, "world": n, "routes": routes}
     if up_to:
         out["up_to"] = up_to
     if repeat:
         out["repeat"] = {"variants": repeat, "up_to": repeat_up_to}
+    if extra_passes:
+        out["extra_passes"] = {"variants": extra, "up_to": extra_up_to, "passes": extra_passes}
     # One trial: its rows, as before; more: each trial's order and rows.
-    emit({**out, "rows": trials[0]["rows"]} if args.trials == 1 else {**out, "trials": trials})
+    emit({**out, "rows": trials[0]["rows"]} if passes == 1 else {**out, "trials": trials})
 
 
-def parse_repeat(spec: str, variants: list) -> tuple[list, int]:
+def parse_repeat(spec: str, variants: list, flag: str = "--repeat") -> tuple[list, int]:
     """--repeat "adaptive,round_robin:64M" -> (["adaptive", "round_robin"], 64 MiB); ([], 0) when empty.
     Refused: no size, or a variant that is not swept."""
     if not spec:
         return [], 0
     names, colon, size = spec.rpartition(":")
     if not colon or not names or not size:
-        raise SystemExit(f"--repeat {spec!r}: expected VARIANT,...:SIZE")
+        raise SystemExit(f"{flag} {spec!r}: expected VARIANT,...:SIZE")
     repeat = names.split(",")
     unknown = sorted(set(repeat) - set(variants))
     if unknown:
-        raise SystemExit(f"--repeat names {unknown}, which are not among --variants {variants}")
+        raise SystemExit(f"{flag} names {unknown}, which are not among --variants {variants}")
     return repeat, parse_size(size)
+
+
+def parse_extra_passes(spec: str, variants: list) -> tuple[list, int, int]:
+    """--extra-passes "adaptive,round_robin:64K:4" -> (["adaptive", "round_robin"], 64 KiB, 4);
+    ([], 0, 0) when empty. Refused: no size or count, or a variant that is not swept."""
+    if not spec:
+        return [], 0, 0
+    head, colon, count = spec.rpartition(":")
+    if not colon or ":" not in head or not count.isdigit() or int(count) < 1:
+        raise SystemExit(f"--extra-passes {spec!r}: expected VARIANT,...:SIZE:PASSES")
+    names, size = parse_repeat(head, variants, "--extra-passes")
+    return names, size, int(count)
 
 
 def path_counters(variant: str, g) -> dict:
@@ -659,6 +678,9 @@ def main():
     p.add_argument("--repeat", default="",
                    help="VARIANT,...:SIZE: the passes after the first (--trials) run only these variants, up to "
                         "SIZE (the others' cells once: a median over passes where it is worth their time)")
+    p.add_argument("--extra-passes", default="",
+                   help="VARIANT,...:SIZE:N: N more passes after the --trials ones, of only these variants up to "
+                        "SIZE (latency-bound cells, whose passes spread most and cost least)")
     p = sub.add_parser("p2p")
     p.add_argument("--size", default="64M")
     p.add_argument("--paths", default="1,2,3,4,5,6,7,8")

@@ -157,13 +157,24 @@ def cpu_table(run: dict, variants: list, sizes: list) -> str:
 
 
 def passes_note(run: dict) -> str:
-    """Which cells of a sweep are medians over passes ('' when none)."""
-    rep = run.get("repeat")
-    if not rep or len(run.get("trials", ())) < 2:
+    """Which cells of a sweep are medians over passes ('' when none): those
+    of --repeat over the --trials passes, and those of --extra-passes over
+    these and its own."""
+    passes = len(run.get("trials", ()))
+    rep, extra = run.get("repeat"), run.get("extra_passes")
+    trials = passes - (extra["passes"] if extra else 0)
+    parts = []
+    if rep and trials > 1:
+        parts.append(f"{', '.join(rep['variants'])} up to {size_label(rep['up_to'])}: the median of "
+                     f"{trials} interleaved passes")
+    if extra:
+        # An extra pass's cells ran in the first pass, and in the repeated ones where --repeat has them.
+        again = bool(rep) and set(extra["variants"]) <= set(rep["variants"]) and extra["up_to"] <= rep["up_to"]
+        parts.append(f"{', '.join(extra['variants'])} up to {size_label(extra['up_to'])} (latency-bound): "
+                     f"the median of {(trials if again else 1) + extra['passes']}" + ("" if parts else " interleaved passes"))
+    if not parts:
         return ""
-    return (f"\n\n*{', '.join(rep['variants'])} up to {size_label(rep['up_to'])}: the median of "
-            f"{len(run['trials'])} interleaved passes, each rotating their order (min-max beside it); every other "
-            "cell: one pass.*")
+    return f"\n\n*{'; '.join(parts)}, each pass rotating their order (min-max beside it); every other cell: one pass.*"
 
 
 def sec_collectives(rec, out):

@@ -90,28 +90,31 @@ def test_trials_rotate_the_variants_in_one_launch_and_up_to_leaves_larger_cells_
 
 def test_repeat_runs_only_its_variants_up_to_its_size_after_the_first_pass_and_the_median_is_a_pass():
     # --repeat: the passes after the first run only adaptive and single, up
-    # to 4 KiB, in rotating order; median_of_trials keeps the first pass's
-    # cells, each its median pass's row with every pass's busbw beside it.
+    # to 4 KiB, in rotating order; --extra-passes: then 2 more of adaptive
+    # alone at 4 KiB; median_of_trials keeps the first pass's cells, each its
+    # median pass's row with every pass's busbw beside it.
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             "benchmarks/rank_bench.py", "sweep", "--collective", "allreduce", "--sizes", "4K,64K",
             "--variants", "gloo,adaptive,single", "--budget", "0.02", "--trials", "3",
-            "--repeat", "adaptive,single:4K"]
+            "--repeat", "adaptive,single:4K", "--extra-passes", "adaptive:4K:2"]
     p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
                        timeout=240)
     assert p.returncode == 0, p.stderr[-4000:]
     (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     res = json.loads(line[len("RESULT "):])
     assert res["repeat"] == {"variants": ["adaptive", "single"], "up_to": 4 << 10}
+    assert res["extra_passes"] == {"variants": ["adaptive"], "up_to": 4 << 10, "passes": 2}
     assert [t["order"] for t in res["trials"]] == [["gloo", "adaptive", "single"], ["single", "adaptive"],
-                                                   ["adaptive", "single"]]
+                                                   ["adaptive", "single"], ["adaptive"], ["adaptive"]]
     assert [[(r["bytes"], r["variant"]) for r in t["rows"]] for t in res["trials"][1:]] == [
-        [(4 << 10, "single"), (4 << 10, "adaptive")], [(4 << 10, "adaptive"), (4 << 10, "single")]]
+        [(4 << 10, "single"), (4 << 10, "adaptive")], [(4 << 10, "adaptive"), (4 << 10, "single")],
+        [(4 << 10, "adaptive")], [(4 << 10, "adaptive")]]
     import suite
     merged = suite.median_of_trials(res)
     assert [(r["variant"], r["bytes"]) for r in merged["rows"]] == [
         (v, s) for s in (4 << 10, 64 << 10) for v in ("gloo", "adaptive", "single")]
     for r in merged["rows"]:
-        n = 3 if r["bytes"] == 4 << 10 and r["variant"] != "gloo" else 1
+        n = {"adaptive": 5, "single": 3}.get(r["variant"], 1) if r["bytes"] == 4 << 10 else 1
         assert len(r["trials_busbw_GBps"]) == n and r["exact"], r
         assert r["busbw_GBps"] == sorted(r["trials_busbw_GBps"])[(n - 1) // 2]
 
@@ -130,6 +133,19 @@ def test_repeat_needs_a_size_and_swept_variants():
                       ("latency:4K", "--repeat names ['latency'], which are not among --variants")):
         with pytest.raises(SystemExit, match=why.replace("[", r"\[").replace("]", r"\]")):
             rank_bench.parse_repeat(spec, ["adaptive"])
+
+
+def test_extra_passes_need_a_size_a_count_and_swept_variants():
+    assert rank_bench.parse_extra_passes("", ["gloo"]) == ([], 0, 0)
+    assert rank_bench.parse_extra_passes("adaptive,single:64K:4", ["adaptive", "single"]) == (
+        ["adaptive", "single"], 64 << 10, 4)
+    for spec, why in (("adaptive:64K", "expected VARIANT,...:SIZE:PASSES"),
+                      ("adaptive:64K:0", "expected VARIANT,...:SIZE:PASSES"),
+                      ("adaptive:64K:x", "expected VARIANT,...:SIZE:PASSES"),
+                      (":64K:2", "--extra-passes ':64K': expected VARIANT,...:SIZE"),
+                      ("latency:4K:2", "--extra-passes names ['latency'], which are not among --variants")):
+        with pytest.raises(SystemExit, match=why.replace("[", r"\[").replace("]", r"\]")):
+            rank_bench.parse_extra_passes(spec, ["adaptive"])
 
 
 def test_up_to_naming_a_variant_not_swept_is_refused():

@@ -77,6 +77,14 @@ def test_collectives_show_the_spread_of_the_cells_run_in_several_passes(tmp_path
     assert sweeps.busbw_cell(ad) == "90.0 (88.0-92.0)" and sweeps.busbw_cell(run["rows"][0]) == 24.0
     assert "adaptive up to 64 MiB: the median of 3 interleaved passes" in sweeps.passes_note(run)
     assert sweeps.passes_note({"rows": run["rows"]}) == ""
+    # Extra passes of the small cells: counted beside the repeated ones, on
+    # top of them where --repeat covers those cells, else of the first pass.
+    more = {**res, "trials": res["trials"] + [{"order": ["adaptive"], "rows": []}] * 4,
+            "extra_passes": {"variants": ["adaptive"], "up_to": 64 << 10, "passes": 4}}
+    assert ("*adaptive up to 64 MiB: the median of 3 interleaved passes; adaptive up to 64 KiB (latency-bound): "
+            "the median of 7, each pass rotating") in sweeps.passes_note(more)
+    alone = {**more, "repeat": None, "trials": more["trials"][:1] + more["trials"][3:]}
+    assert "*adaptive up to 64 KiB (latency-bound): the median of 5 interleaved passes, each" in sweeps.passes_note(alone)
     rec = {"experiment": "collectives", "status": "ok",
            "data": {"physical_limit_GBps": 0.1, "core_mbit": 200, "runs": {"pinned/allreduce": run}}}
     _, text = sweeps.sec_collectives(rec, str(tmp_path))
