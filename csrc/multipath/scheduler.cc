@@ -255,14 +255,13 @@ class Adaptive : public Scheduler {
   static constexpr double kSlow = 0.5;
   // The tail rule counts only on paths clearly faster than the one it
   // would keep out: p's estimate under this fraction of theirs. Equal
-  // paths' estimates spread that far (ECMP's especially, where a path's
-  // acknowledgements return over another spine than its data), and a rule
-  // acting on the spread kept paths idle: on the ECMP lab a 1 MiB
-  // allreduce reached 0.91-0.96 of the limit against round_robin's 0.97;
-  // counting only paths clearly faster, 0.97 as round_robin, while under
-  // background traffic (residual rates 4:3:2:1) 64 MiB allreduces kept
-  // 0.99-1.00 of the residual capacity (0.5 here cost 1-7 % of it). It
-  // costs about 1 % at 64 MiB on the pinned lab: adaptive 0.90 against 0.91
+  // paths' estimates spread that far, and a rule acting on the spread kept
+  // paths idle: on the ECMP lab a 1 MiB allreduce reached 0.91-0.96 of the limit against
+  // round_robin's 0.97; counting only paths clearly faster, 0.97 as
+  // round_robin, while under background traffic (residual rates 4:3:2:1)
+  // 64 MiB allreduces kept 0.99-1.00 of the residual capacity (a looser
+  // 0.5, of the fastest other path's estimate, cost 1-7 % of it). It costs
+  // about 1 % at 64 MiB on the pinned lab: adaptive 0.90 against 0.91
   // counting every path (medians of 14 passes, round_robin 0.89 beside
   // both); a rule that keeps both is still to be found.
   static constexpr double kClearlyFaster = 0.75;
