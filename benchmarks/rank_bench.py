@@ -266,15 +266,17 @@ def cmd_sweep(args):
     rate = {}  # variant -> seconds per byte of its last cell of WARM_BYTES or more
     trials = []
     passes = args.trials + extra_passes
+    def capped(names: list, top: int) -> dict:  # each of names' largest size, at most top
+        return {v: min(up_to.get(v, top), top) for v in names}
+
     for trial in range(passes):
         # Each trial rotates the order of the variants: a sweep measures them one after another.
-        pool, limits = variants, up_to
         if trial >= args.trials:  # an extra pass: only its variants, up to its size
-            pool, top = extra, extra_up_to
+            pool, limits = extra, capped(extra, extra_up_to)
         elif trial and repeat:  # a later pass: only the repeated variants, up to their size
-            pool, top = repeat, repeat_up_to
-        if pool is not variants:
-            limits = {v: min(up_to.get(v, top), top) for v in pool}
+            pool, limits = repeat, capped(repeat, repeat_up_to)
+        else:
+            pool, limits = variants, up_to
         k = trial % len(pool)
         order = pool[k:] + pool[:k]
         if passes > 1:
