@@ -152,6 +152,11 @@ class Weighted : public Scheduler {
 // lowest-RTT path (the latency policy), while with bbr both took 0.7-0.8.
 // Only small ones: a 64 KiB allreduce's ring sends 16 KiB steps, and sent
 // on the one idle path they took 1.8 ms where taking turns took 1.3.
+// The price: a run of small messages leaves the other connections idle,
+// and Linux restarts an idle connection's window (slow start after idle),
+// so after bulk traffic a 64 KiB allgather that follows such a run trails
+// round_robin by about 3 % (docs/performance.md); rotating small messages
+// over the paths closed that but cost 4 KiB allreduce 40 %.
 class Adaptive : public Scheduler {
  public:
   explicit Adaptive(uint64_t small_msg) : small_msg_(small_msg) {}
@@ -256,9 +261,9 @@ class Adaptive : public Scheduler {
   // The tail rule counts only on paths clearly faster than the one it
   // would keep out: p's estimate under this fraction of theirs. Equal
   // paths' estimates spread that far, and a rule acting on the spread kept
-  // paths idle: on the ECMP lab a 1 MiB allreduce reached 0.91-0.96 of the limit against
-  // round_robin's 0.97; counting only paths clearly faster, 0.97 as
-  // round_robin, while under background traffic (residual rates 4:3:2:1)
+  // paths idle: on the ECMP lab a 1 MiB allreduce reached 0.91-0.96 of the
+  // limit against round_robin's 0.97; counting only paths clearly faster,
+  // 0.97 as round_robin, while under background traffic (residual rates 4:3:2:1)
   // 64 MiB allreduces kept 0.99-1.00 of the residual capacity (a looser
   // 0.5, of the fastest other path's estimate, cost 1-7 % of it). It costs
   // about 1 % at 64 MiB on the pinned lab: adaptive 0.90 against 0.91
