@@ -56,7 +56,7 @@ def make_group(variant: str, extra: dict | None = None):
     """A process group for `variant` (benchmarks/variants.py), maestro's
     with the given extra Options; gloo-<n>dev takes its addresses from
     MAESTRO_VNICS (benchmarks/gloo_devices.py)."""
-    if variant == "gloo":
+    if is_gloo(variant) and gloo_device_count(variant) is None:
         return new_group(backend="gloo")
     devices = gloo_device_count(variant)
     if devices is not None:

@@ -15,7 +15,7 @@ back up::
 
     common.py       records, the markdown table, provenance lines, PNG plots, size and spread cells
     peers.py        the gloo peers, the best gloo of a row, ECMP and congestion variants' names
-    sweeps.py       p2p_paths, chunk_size, collectives, spines, p2p_alltoall, mid_size, tuner
+    sweeps.py       p2p_paths, chunk_size, collectives, spines, p2p_alltoall, mid_size, small_cells, tuner
     training.py     models, load_balance
     link_events.py  detection, resiliency, failover, hunting
     path_choice.py  latency, discovery
@@ -42,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Each experiment's section of docs/results.md, in the order they appear.
 SECTIONS = {"p2p_paths": sweeps.sec_p2p_paths, "chunk_size": sweeps.sec_chunk_size,
             "collectives": sweeps.sec_collectives, "spines": sweeps.sec_spines, "mid_size": sweeps.sec_mid_size,
+            "small_cells": sweeps.sec_small_cells,
             "tuner": sweeps.sec_tuner, "p2p_alltoall": sweeps.sec_p2p_alltoall, "models": training.sec_models,
             "load_balance": training.sec_load_balance, "detection": link_events.sec_detection,
             "resiliency": link_events.sec_resiliency, "failover": link_events.sec_failover,

@@ -13,6 +13,8 @@ Experiments (paper figure):
     chunk_size    Fig. 9   per-chunk completion times and throughput vs chunk size
     collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP (adaptive and
                            round_robin up to 64 MiB: the median of 3 interleaved passes)
+    small_cells   -        allgather 4-64 KiB, pinned and ECMP: the default policy beside round_robin and a
+                           second group of round_robin's configuration, launch by launch (what a launch resolves)
     p2p_alltoall  -        sendrecv (ring neighbours, batch_isend_irecv) and all_to_all_single busbw vs size,
                            maestro (adaptive) vs gloo and vs maestro on one path, pinned
     mid_size      -        allreduce/allgather 256 KiB-4 MiB, pinned: the defaults (a mid-size message cut into one
@@ -238,6 +240,46 @@ def exp_collectives(ctx):
                                           "why_not_run": COLLECTIVES_WHY}
     return {"lab": "4 hosts, 2 leaves, 4 spines", "core_mbit": CORE, "access_mbit": ACCESS,
             "physical_limit_GBps": min(ACCESS, 4 * CORE) / 8 / 1000, "runs": runs}
+
+
+# The small cells, judged launch by launch. Up to 64 KiB a collective is
+# latency-bound, and what one launch reads of two policies depends on more
+# than the policies: two groups of the same configuration in one launch
+# (round_robin and its twin round_robin#2, which differ in nothing) read
+# several percent apart over the passes of one launch, and which one is
+# ahead changes from launch to launch. So a launch is the unit here: each
+# one sweeps the default policy, round_robin and the twin in interleaved
+# passes (each rotating their order), the launches rotate the order in
+# which the groups are made, and a cell's ratio is the median over launches
+# of each launch's ratio of medians; the twin's ratio to round_robin, taken
+# the same way, says what the cell can resolve.
+SMALL_SIZES = "4K,16K,64K"
+SMALL_VARIANTS = ["adaptive", "round_robin", "round_robin#2"]
+SMALL_LAUNCHES = 6  # each order of the groups twice
+SMALL_TRIALS = 5
+
+
+def exp_small_cells(ctx):
+    """allgather at 4-64 KiB on the pinned and ECMP labs of exp_collectives:
+    the default policy beside round_robin and round_robin's twin (a second
+    group of the same configuration), SMALL_LAUNCHES launches of
+    SMALL_TRIALS interleaved passes each; launch i makes the groups in
+    SMALL_VARIANTS' order rotated by i."""
+    launches = 1 if ctx.quick else SMALL_LAUNCHES
+    modes = ("pinned",) if ctx.quick else ("pinned", "ecmp")
+    runs = {}
+    for mode in modes:
+        with ctx.lab("sml" + mode[0], mode=mode) as lab:
+            for i in range(launches):
+                print(f"    {mode} allgather, launch {i + 1}/{launches}", file=sys.stderr, flush=True)
+                k = i % len(SMALL_VARIANTS)
+                order = SMALL_VARIANTS[k:] + SMALL_VARIANTS[:k]
+                argv = ["sweep", "--collective", "allgather", "--sizes", "16K" if ctx.quick else SMALL_SIZES,
+                        "--variants", ",".join(order), "--trials", str(1 if ctx.quick else SMALL_TRIALS),
+                        "--budget", "0.5" if ctx.quick else "2"]
+                runs.setdefault(f"{mode}/allgather", []).append(per_trial(run_ranks(lab, argv, timeout=900)))
+    return {"lab": "4 hosts, 2 leaves, 4 spines", "core_mbit": CORE, "access_mbit": ACCESS,
+            "variants": SMALL_VARIANTS, "runs": runs}
 
 
 def exp_spines(ctx):

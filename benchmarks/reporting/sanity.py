@@ -7,7 +7,7 @@ import statistics
 
 from .common import busbw_of_iter
 from .link_events import failover_events, hunting_runs
-from .sweeps import mid_size_cells, tuner_cells
+from .sweeps import mid_size_cells, small_cells, tuner_cells
 
 
 def _p2p_paths(name, d, positive, bad):
@@ -31,6 +31,23 @@ def _mid_size(name, d, positive, bad):
             for r in run["rows"]:
                 if not r["exact"]:
                     bad.append(f"{name}: {coll} {r['variant']} {r['bytes']} B: the result was wrong")
+
+
+def _small_cells(name, d, positive, bad):
+    # Every variant timed at every size in every launch, every result exact.
+    for (key, b), cell in small_cells(d).items():
+        for v in d["variants"]:
+            xs = cell.get(v, [])
+            if len(xs) != len(d["runs"][key]):
+                bad.append(f"{name}: {key} {v} {b} B: timed in {len(xs)} of {len(d['runs'][key])} launches")
+            for x in xs:
+                positive(name, f"{key} {v} {b} B busbw", x)
+    for key, launches in d["runs"].items():
+        for passes in launches:
+            for run in passes:
+                for r in run["rows"]:
+                    if not r["exact"]:
+                        bad.append(f"{name}: {key} {r['variant']} {r['bytes']} B: the result was wrong")
 
 
 def _spines(name, d, positive, bad):
@@ -167,6 +184,7 @@ def _discovery(name, d, positive, bad):
 
 # experiment -> its check(name, data, positive, bad)
 CHECKS = {"p2p_paths": _p2p_paths, "chunk_size": _chunk_size, "mid_size": _mid_size, "tuner": _tuner,
+          "small_cells": _small_cells,
           "spines": _spines, "collectives": _collectives, "p2p_alltoall": _collectives, "models": _models,
           "load_balance": _load_balance, "detection": _detection, "resiliency": _detection,
           "failover": _failover, "latency": _latency, "overheads": _overheads, "footprint": _footprint,

@@ -1,7 +1,7 @@
 """The bandwidth sections: point to point vs paths, chunk size, the
 collectives sweeps, more spines than vNICs, point to point and all-to-all,
-mid-size messages, the tuner's algorithm choice for small and mid-size
-allreduce; and the helpers of sweep records (rank_bench.py sweep) and of
+mid-size messages, small messages launch by launch, the tuner's algorithm
+choice for small and mid-size allreduce; and the helpers of sweep records (rank_bench.py sweep) and of
 interleaved trials."""
 from __future__ import annotations
 
@@ -371,6 +371,75 @@ def sec_mid_size(rec, out):
             "`@min_chunk_size=256K` keeps whole 256 KiB chunks and whole blocks, as before. A 4-rank ring sends "
             "blocks of a quarter of the message: at 256 KiB they are 64 KiB, one chunk either way.\n\n"
             + "\n\n".join(parts) + "\n\n" + save(fig, out, "mid_size"))
+
+
+
+def small_cells(d: dict) -> dict:
+    """{(run, bytes): {variant: [its median busbw over a launch's passes, MB/s, one per launch]}} of the
+    small-cells experiment (each run a list of launches, each launch a list of passes)."""
+    cells = {}
+    for key, launches in d["runs"].items():
+        for passes in launches:
+            per = {}
+            for run in passes:
+                for r in run["rows"]:
+                    per.setdefault((r["bytes"], r["variant"]), []).append(r["busbw_GBps"] * 1e3)
+            for (b, v), xs in per.items():
+                cells.setdefault((key, b), {}).setdefault(v, []).append(statistics.median(xs))
+    return cells
+
+
+def launch_ratios(cell: dict, a: str, b: str) -> list[float]:
+    """Launch by launch, a's median busbw over b's."""
+    return [x / y for x, y in zip(cell[a], cell[b])]
+
+
+def sec_small_cells(rec, out):
+    d = rec["data"]
+    policy, rr, twin = d["variants"]
+    cells = small_cells(d)
+    keys = list(d["runs"])
+    launches = len(d["runs"][keys[0]])
+    passes = len(d["runs"][keys[0]][0])
+    parts = []
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 3.6), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        sizes = sorted(b for k, b in cells if k == key)
+        rows = []
+        for i, (who, fmt) in enumerate(((policy, "o"), (twin, "s"))):
+            for j, b in enumerate(sizes):
+                ys = launch_ratios(cells[(key, b)], who, rr)
+                ax.plot([b * 2 ** (0.12 * (i - 0.5))] * len(ys), ys, fmt, alpha=0.6, color=f"C{i}",
+                        label=f"{who} / {rr}, one launch" if j == 0 else None)
+                ax.plot([b * 2 ** (0.12 * (i - 0.5))], [statistics.median(ys)], "_", ms=18, color=f"C{i}")
+        for b in sizes:
+            c = cells[(key, b)]
+            mine, same = launch_ratios(c, policy, rr), launch_ratios(c, twin, rr)
+            rows.append([size_label(b)]
+                        + [spread_cell(statistics.median(c[v]), c[v]) for v in (policy, rr, twin)]
+                        + [spread_cell(statistics.median(mine), mine, "{:.3f}"),
+                           spread_cell(statistics.median(same), same, "{:.3f}"),
+                           f"{sum(x >= 1 for x in mine)} of {len(mine)}"])
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.axhline(0.95, color="red", ls=":", lw=0.8, label="5 % below round_robin")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [size_label(b) for b in sizes])
+        ax.set_ylabel(f"busbw / {rr}'s, one launch")
+        ax.set_title(f"{key}, 4 ranks, {launches} launches")
+        ax.legend(fontsize=7)
+        parts.append(f"**{key}**\n\n" + table(
+            ["size"] + [f"{v} busbw MB/s" for v in (policy, rr, twin)]
+            + [f"{policy} / {rr}", f"{twin} / {rr} (the same configuration)", f"launches {policy} >= {rr}"], rows))
+    return ("Small messages: the default policy against round_robin, launch by launch",
+            f"allgather up to 64 KiB, where a call is a millisecond or two and latency-bound. {launches} launches "
+            f"per lab, each of {passes} interleaved passes over `{policy}`, `{rr}` and `{twin}`, a second group of "
+            f"`{rr}`'s configuration; each pass rotates their order, and each launch the order in which the groups "
+            "are made. Every cell is the median [min-max] over launches of a launch's value (a busbw: the median "
+            f"of its passes; a ratio: the launch's medians divided). `{twin} / {rr}` compares two groups that "
+            "differ in nothing: its spread over launches is what one launch of these cells can resolve, and the "
+            f"median over launches is the figure the targets judge `{policy} / {rr}` by. The plots show each launch's "
+            "ratio (dots) and their median (bars).\n\n"
+            + "\n\n".join(parts) + "\n\n" + save(fig, out, "small_cells"))
 
 
 def tuner_cells(trials: list) -> dict:

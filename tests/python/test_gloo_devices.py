@@ -55,3 +55,8 @@ def test_variant_names_sort_gloo_from_maestro():
         == ["gloo", "gloo-4dev"]
     assert variants.maestro_policy("adaptive+cubic") == ("adaptive", "cubic")
     assert variants.maestro_policy("single") == ("single", "")
+    # A twin (#name): a second group of the same configuration
+    assert variants.maestro_policy("round_robin#2") == ("round_robin", "")
+    assert variants.maestro_knobs("adaptive@min_chunk_size=256K#b") == {"min_chunk_size": "256K"}
+    assert variants.is_gloo("gloo#2") and variants.gloo_device_count("gloo-4dev#2") == 4
+    assert variants.is_maestro("adaptive+cubic#2")

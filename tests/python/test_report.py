@@ -541,3 +541,52 @@ def test_tuner_crossover_and_sanity_name_what_is_off():
     assert sanity({"tuner": rec}) == [
         "tuner: lab gloo 4096 B: timed in 1 of 2 trials",
         f"tuner: lab {wrong['variant']} {wrong['bytes']} B: the result was wrong"]
+
+
+def small_cells_record() -> dict:
+    """A small-cells record as the suite writes it: per lab, three launches
+    of two interleaved passes each over the default policy, round_robin and
+    its twin. Pass busbws (MB/s) are the launch's base x (0.9, 1.1), so a
+    launch's median is its base."""
+    base = {  # per launch: (adaptive, round_robin, round_robin#2) at 64 KiB; 4 KiB is a tenth
+        "pinned/allgather": [(30.0, 20.0, 22.0), (32.0, 40.0, 40.0), (25.0, 28.0, 28.0)],
+        "ecmp/allgather": [(20.0, 40.0, 40.0), (20.0, 40.0, 40.0), (20.0, 40.0, 40.0)]}
+    variants = ["adaptive", "round_robin", "round_robin#2"]
+    runs = {}
+    for key, launches in base.items():
+        runs[key] = []
+        for i, bws in enumerate(launches):
+            order = variants[i:] + variants[:i]
+            passes = []
+            for j, f in enumerate((0.9, 1.1)):
+                rows = [{"variant": v, "bytes": size, "busbw_GBps": bws[variants.index(v)] * scale * f / 1e3,
+                         "seconds": 1e-3, "iters": 20, "times": [1e-3] * 20, "exact": True}
+                        for size, scale in ((4 << 10, 0.1), (64 << 10, 1.0)) for v in order[j:] + order[:j]]
+                passes.append({"collective": "allgather", "world": 4, "rows": rows, "routes": {}, "order": order})
+            runs[key].append(passes)
+    return dict(p2p_alltoall_record(), experiment="small_cells", command="scripts/bench.sh --only small_cells",
+                data={"lab": "4 hosts, 2 leaves, 4 spines", "core_mbit": 200, "access_mbit": 1000,
+                      "variants": variants, "runs": runs})
+
+
+def test_small_cells_judge_the_policy_by_the_median_launch_beside_the_same_configuration_twice(tmp_path):
+    rec = small_cells_record()
+    assert sanity({"small_cells": rec}) == []
+    md = report.render({"small_cells": rec}, str(tmp_path))
+    assert "## Small messages: the default policy against round_robin, launch by launch" in md
+    pinned, ecmp = md.split("**ecmp/allgather**")
+    # busbw: the median [min-max] over launches of each launch's median; ratios: per launch, then their
+    # median (0.893: not the ratio of the busbw medians, 30 / 28)
+    assert ("| 64 KiB | 30.0 (25.0-32.0) | 28.0 (20.0-40.0) | 28.0 (22.0-40.0) | 0.893 (0.800-1.500) "
+            "| 1.000 (1.000-1.100) | 1 of 3 |") in pinned, pinned
+    assert "| 4 KiB | 3.0 (2.5-3.2) |" in pinned, pinned
+    assert "| 64 KiB | 20.0 (20.0-20.0) | 40.0 (40.0-40.0) | 40.0 (40.0-40.0) | 0.500 (0.500-0.500) " in ecmp, ecmp
+    assert "0 of 3" in ecmp
+    assert md.count("results/small_cells.png") == 1 and (tmp_path / "results" / "small_cells.png").exists()
+    # a launch that timed a variant in fewer cells, or a wrong result, is reported
+    broken = copy.deepcopy(rec)
+    broken["data"]["runs"]["pinned/allgather"][1][0]["rows"][0]["exact"] = False
+    for run in broken["data"]["runs"]["ecmp/allgather"][2]:
+        run["rows"] = [r for r in run["rows"] if (r["variant"], r["bytes"]) != ("round_robin#2", 4 << 10)]
+    bad = sanity({"small_cells": broken})
+    assert any("the result was wrong" in b for b in bad) and any("timed in 2 of 3 launches" in b for b in bad), bad
