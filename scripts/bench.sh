@@ -4,8 +4,9 @@
 # the namespace leaf-spine lab (needs root), then benchmarks/report.py, which
 # turns the JSON into docs/results.md, docs/results/*.png, the headline
 # table in README.md and the tables of docs/performance.md.
-#   scripts/bench.sh                 # full mode (about 55 min on 2 cores: 3,158 s for the
-#                                    # record at c6dd8bf, 3,196 at 3332688, 68 min at 25511b0)
+#   scripts/bench.sh                 # full mode (about 60 min on 2 cores: 3,158 s for the
+#                                    # record at c6dd8bf, 3,196 at 3332688, 68 min at 25511b0;
+#                                    # small_cells, added since, 342 s at 6072a1a)
 #   scripts/bench.sh --quick         # every experiment, small (8-16 min on a shared 2-core machine)
 #   scripts/bench.sh --only latency,discovery --out /tmp/r   # a subset, elsewhere
 #   scripts/bench.sh --only failover --loaded-seconds 600   # its loop under background traffic for 10 min

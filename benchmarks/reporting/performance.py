@@ -9,6 +9,7 @@ from .common import runs_of, size_label, table
 from .link_events import env_label
 from .overheads import footprint_cpu_table
 from .peers import best_gloo, congestion_variant, ecmp_label, gloo_cell
+from .sweeps import launch_ratios, small_cells
 from .training import load_balance_busbw
 
 
@@ -158,7 +159,39 @@ def perf_congestion(recs: dict) -> tuple[str, list[str]]:
     return text, ["collectives"]
 
 
-PERFORMANCE_TABLES = {"loopback": perf_loopback, "targets": perf_targets, "congestion": perf_congestion}
+def small_cell_verdict(mine: float, same: float, target: float = 0.95) -> str:
+    """Whether a cell's median ratio meets `target`, where the twin's median
+    ratio (`same`, two groups of one configuration) says how far from the
+    truth that statistic reads: a ratio below the target by no more than
+    the twin reads from 1 is not resolved, one further below is missed."""
+    if mine >= target:
+        return "met"
+    error = abs(1 - same)
+    if mine >= target - error:
+        return f"not resolved: {target - mine:.3f} below, the twin {error:.3f} from 1"
+    return "**missed**"
+
+
+def perf_small_cells(recs: dict) -> tuple[str, list[str]]:
+    """The small cells launch by launch: per lab and size, the default
+    policy over round_robin and round_robin's twin over round_robin, the
+    median [min-max] over launches, and the verdict on the 5 % target."""
+    d = recorded(recs, "small_cells")["data"]
+    policy, rr, twin = d["variants"]
+    rows = []
+    for (key, b), c in sorted(small_cells(d).items(), key=lambda kv: (list(d["runs"]).index(kv[0][0]), kv[0][1])):
+        mine, same = launch_ratios(c, policy, rr), launch_ratios(c, twin, rr)
+        rows.append([f"{key} {size_label(b)}",
+                     f"{statistics.median(mine):.3f} [{min(mine):.3f}-{max(mine):.3f}]",
+                     f"{statistics.median(same):.3f} [{min(same):.3f}-{max(same):.3f}]",
+                     small_cell_verdict(statistics.median(mine), statistics.median(same))])
+    launches = len(next(iter(d["runs"].values())))
+    return table([f"cell ({launches} launches)", f"{policy} / {rr}", f"{twin} / {rr} (the same configuration)",
+                  f">= 0.95 x {rr} (the median launch)"], rows), ["small_cells"]
+
+
+PERFORMANCE_TABLES = {"loopback": perf_loopback, "targets": perf_targets, "congestion": perf_congestion,
+                      "small_cells": perf_small_cells}
 
 
 def update_performance(path: str, recs: dict) -> None:

@@ -590,3 +590,15 @@ def test_small_cells_judge_the_policy_by_the_median_launch_beside_the_same_confi
         run["rows"] = [r for r in run["rows"] if (r["variant"], r["bytes"]) != ("round_robin#2", 4 << 10)]
     bad = sanity({"small_cells": broken})
     assert any("the result was wrong" in b for b in bad) and any("timed in 2 of 3 launches" in b for b in bad), bad
+
+
+def test_a_small_cells_shortfall_within_what_the_twin_reads_from_1_is_not_resolved():
+    assert performance.small_cell_verdict(0.96, 0.90) == "met"
+    assert performance.small_cell_verdict(0.93, 0.97) == "not resolved: 0.020 below, the twin 0.030 from 1"
+    assert performance.small_cell_verdict(0.93, 1.03).startswith("not resolved")  # a twin ahead counts as far
+    assert performance.small_cell_verdict(0.93, 1.01) == "**missed**"
+    text, used = performance.perf_small_cells({"small_cells": small_cells_record()})
+    assert used == ["small_cells"]
+    assert "| pinned/allgather 64 KiB | 0.893 [0.800-1.500] | 1.000 [1.000-1.100] | **missed** |" in text, text
+    assert "| ecmp/allgather 4 KiB | 0.500 [0.500-0.500] | 1.000 [1.000-1.000] | **missed** |" in text, text
+    assert text.index("pinned/allgather 4 KiB") < text.index("pinned/allgather 64 KiB") < text.index("ecmp/")
