@@ -35,7 +35,7 @@ import maestro_torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gloo_devices  # noqa: E402
 from allreduce_bench import parse_size  # noqa: E402
-from variants import MAESTRO_POLICIES, gloo_device_count, is_gloo, is_maestro, maestro_knobs, maestro_policy  # noqa: E402
+from variants import MAESTRO_POLICIES, configuration, gloo_device_count, is_gloo, is_maestro, maestro_knobs, maestro_policy  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -56,7 +56,7 @@ def make_group(variant: str, extra: dict | None = None):
     """A process group for `variant` (benchmarks/variants.py), maestro's
     with the given extra Options; gloo-<n>dev takes its addresses from
     MAESTRO_VNICS (benchmarks/gloo_devices.py)."""
-    if is_gloo(variant) and gloo_device_count(variant) is None:
+    if configuration(variant) == "gloo":
         return new_group(backend="gloo")
     devices = gloo_device_count(variant)
     if devices is not None:

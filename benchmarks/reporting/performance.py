@@ -9,7 +9,7 @@ from .common import runs_of, size_label, table
 from .link_events import env_label
 from .overheads import footprint_cpu_table
 from .peers import best_gloo, congestion_variant, ecmp_label, gloo_cell
-from .sweeps import launch_ratios, small_cells
+from .sweeps import small_cell_rows
 from .training import load_balance_busbw
 
 
@@ -179,12 +179,10 @@ def perf_small_cells(recs: dict) -> tuple[str, list[str]]:
     d = recorded(recs, "small_cells")["data"]
     policy, rr, twin = d["variants"]
     rows = []
-    for (key, b), c in sorted(small_cells(d).items(), key=lambda kv: (list(d["runs"]).index(kv[0][0]), kv[0][1])):
-        mine, same = launch_ratios(c, policy, rr), launch_ratios(c, twin, rr)
-        rows.append([f"{key} {size_label(b)}",
-                     f"{statistics.median(mine):.3f} [{min(mine):.3f}-{max(mine):.3f}]",
-                     f"{statistics.median(same):.3f} [{min(same):.3f}-{max(same):.3f}]",
-                     small_cell_verdict(statistics.median(mine), statistics.median(same))])
+    for key, b, _, mine, same in small_cell_rows(d):
+        mid, mid_same = statistics.median(mine), statistics.median(same)
+        rows.append([f"{key} {size_label(b)}", f"{mid:.3f} [{min(mine):.3f}-{max(mine):.3f}]",
+                     f"{mid_same:.3f} [{min(same):.3f}-{max(same):.3f}]", small_cell_verdict(mid, mid_same)])
     launches = len(next(iter(d["runs"].values())))
     return table([f"cell ({launches} launches)", f"{policy} / {rr}", f"{twin} / {rr} (the same configuration)",
                   f">= 0.95 x {rr} (the median launch)"], rows), ["small_cells"]

@@ -10,6 +10,14 @@ from .link_events import failover_events, hunting_runs
 from .sweeps import mid_size_cells, small_cells, tuner_cells
 
 
+def _exact(name, label, runs, bad):
+    """Every row of the sweep results `runs` exact, or a line in `bad` per wrong one."""
+    for run in runs:
+        for r in run["rows"]:
+            if not r["exact"]:
+                bad.append(f"{name}: {label} {r['variant']} {r['bytes']} B: the result was wrong")
+
+
 def _p2p_paths(name, d, positive, bad):
     for r in d["rows"]:
         positive(name, f"{r['variant']} Gbit/s", r["gbps"])
@@ -27,10 +35,7 @@ def _mid_size(name, d, positive, bad):
         for x in xs:
             positive(name, f"{coll} {v} {b} B busbw", x)
     for coll, trials in d["runs"].items():
-        for run in trials:
-            for r in run["rows"]:
-                if not r["exact"]:
-                    bad.append(f"{name}: {coll} {r['variant']} {r['bytes']} B: the result was wrong")
+        _exact(name, coll, trials, bad)
 
 
 def _small_cells(name, d, positive, bad):
@@ -43,11 +48,7 @@ def _small_cells(name, d, positive, bad):
             for x in xs:
                 positive(name, f"{key} {v} {b} B busbw", x)
     for key, launches in d["runs"].items():
-        for passes in launches:
-            for run in passes:
-                for r in run["rows"]:
-                    if not r["exact"]:
-                        bad.append(f"{name}: {key} {r['variant']} {r['bytes']} B: the result was wrong")
+        _exact(name, key, [run for passes in launches for run in passes], bad)
 
 
 def _spines(name, d, positive, bad):
@@ -71,10 +72,7 @@ def _tuner(name, d, positive, bad):
                 for x in meds:
                     positive(name, f"{key} {v} {b} B seconds", x)
                 positive(name, f"{key} {v} {b} B timed iterations", len(its))
-        for run in trials:
-            for r in run["rows"]:
-                if not r["exact"]:
-                    bad.append(f"{name}: {key} {r['variant']} {r['bytes']} B: the result was wrong")
+        _exact(name, key, trials, bad)
 
 
 def _collectives(name, d, positive, bad):

@@ -1,8 +1,8 @@
 """The bandwidth sections: point to point vs paths, chunk size, the
 collectives sweeps, more spines than vNICs, point to point and all-to-all,
 mid-size messages, small messages launch by launch, the tuner's algorithm
-choice for small and mid-size allreduce; and the helpers of sweep records (rank_bench.py sweep) and of
-interleaved trials."""
+choice for small and mid-size allreduce; and the helpers of sweep records
+(rank_bench.py sweep) and of interleaved trials."""
 from __future__ import annotations
 
 import statistics
@@ -373,7 +373,6 @@ def sec_mid_size(rec, out):
             + "\n\n".join(parts) + "\n\n" + save(fig, out, "mid_size"))
 
 
-
 def small_cells(d: dict) -> dict:
     """{(run, bytes): {variant: [its median busbw over a launch's passes, MB/s, one per launch]}} of the
     small-cells experiment (each run a list of launches, each launch a list of passes)."""
@@ -394,27 +393,36 @@ def launch_ratios(cell: dict, a: str, b: str) -> list[float]:
     return [x / y for x, y in zip(cell[a], cell[b])]
 
 
+def small_cell_rows(d: dict) -> list[tuple]:
+    """The small-cells experiment's cells, per lab in the record's order and
+    by size: (lab run, bytes, small_cells' cell, the policy's ratio to
+    round_robin per launch, the twin's ratio to round_robin per launch)."""
+    policy, rr, twin = d["variants"]
+    cells = small_cells(d)
+    return [(key, b, cells[(key, b)], launch_ratios(cells[(key, b)], policy, rr),
+             launch_ratios(cells[(key, b)], twin, rr))
+            for key in d["runs"] for b in sorted(b for k, b in cells if k == key)]
+
+
 def sec_small_cells(rec, out):
     d = rec["data"]
     policy, rr, twin = d["variants"]
-    cells = small_cells(d)
     keys = list(d["runs"])
     launches = len(d["runs"][keys[0]])
     passes = len(d["runs"][keys[0]][0])
     parts = []
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 3.6), squeeze=False)
     for ax, key in zip(axes[0], keys):
-        sizes = sorted(b for k, b in cells if k == key)
+        cells = [row[1:] for row in small_cell_rows(d) if row[0] == key]
+        sizes = [b for b, *_ in cells]
         rows = []
         for i, (who, fmt) in enumerate(((policy, "o"), (twin, "s"))):
-            for j, b in enumerate(sizes):
-                ys = launch_ratios(cells[(key, b)], who, rr)
+            for j, (b, _, mine, same) in enumerate(cells):
+                ys = mine if who == policy else same
                 ax.plot([b * 2 ** (0.12 * (i - 0.5))] * len(ys), ys, fmt, alpha=0.6, color=f"C{i}",
                         label=f"{who} / {rr}, one launch" if j == 0 else None)
                 ax.plot([b * 2 ** (0.12 * (i - 0.5))], [statistics.median(ys)], "_", ms=18, color=f"C{i}")
-        for b in sizes:
-            c = cells[(key, b)]
-            mine, same = launch_ratios(c, policy, rr), launch_ratios(c, twin, rr)
+        for b, c, mine, same in cells:
             rows.append([size_label(b)]
                         + [spread_cell(statistics.median(c[v]), c[v]) for v in (policy, rr, twin)]
                         + [spread_cell(statistics.median(mine), mine, "{:.3f}"),
