@@ -179,9 +179,10 @@ asan_python() {
 # half of the 2 cores idle (their tests run one at a time); the first
 # Python stage waits for it (await_setup). With --full, the Soft-RoCE tests
 # follow it there: their VM's CPU is emulated, and importing torch in it
-# alone takes a core for 3-4 minutes (a third of that core, and 20 minutes,
-# beside the Python stages, which keep both cores busy); their bounds are
-# liveness bounds, not timings.
+# alone takes a core for 3-4 minutes (at an even share of the CPU, 19
+# minutes beside the Python stages, which keep both cores busy: so the
+# torch test runs first, and the harness gives QEMU a larger share); their
+# bounds are liveness bounds, not timings.
 setup_log=$ROOT/build/setup.log PY=$ROOT/.venv/bin/python
 rm -f "$setup_log.took"
 ( t0=$(date +%s); source scripts/env.sh; echo $(( $(date +%s) - t0 )) >"$setup_log.took" ) >"$setup_log" 2>&1 &

@@ -152,18 +152,28 @@ def test_a_brief_blackhole_moves_chunks_and_their_late_originals_are_dropped():
         ranks = labrun.start(l, ["benchmarks/rank_bench.py", "loop", "--size", "16M", "--seconds", "12"])
         ranks.wait_for_line(0, "READY", 120)
         time.sleep(1)
+        pulses = []  # how long the link was down: the sleep and the `ip` commands
         for _ in range(8):
+            t0 = time.monotonic()
             l.link_down(1, 1)  # L1-s1: the 3->0 and 1->2 crossings' paths via spine 1
             time.sleep(0.16)
             l.link_up(1, 1)
+            pulses.append(round(time.monotonic() - t0, 3))
             time.sleep(1)
         res = result_of(ranks.wait(300))
     assert all(it["ok"] for rank in res["ranks"] for it in rank), "every result stays exact"
-    moved = sum(p["resent"] for r in (1, 3) for p in res["ranks"][r][-1]["paths"])
-    assert moved > 0, "no chunk was moved off the blackholed paths"
+    # What a failure is traced by: each rank's chunks moved per path, its
+    # closed paths and why, the pulses, the pace.
+    resent = {r: [p["resent"] for p in its[-1]["paths"]] for r, its in enumerate(res["ranks"])}
+    seen = (f"resent per rank and path {resent}, fence drops {res['fence_drops']}, pulses {pulses} s, "
+            f"{len(res['ranks'][0])} allreduces, closed paths {res['closed_paths']}")
+    # Every rank is counted, not only the senders of the crossings named
+    # above: which rank's paths cross the link is the lab's routing, not
+    # what this test checks.
+    assert sum(map(sum, resent.values())) > 0, "no chunk was moved off the blackholed paths: " + seen
     # The receivers of those crossings dropped late originals: the pulses
     # ended before the paths were found dead, so TCP delivered them.
-    assert res["fence_drops"][0] + res["fence_drops"][2] > 0, res["fence_drops"]
+    assert sum(res["fence_drops"]) > 0, "no late original was dropped: " + seen
 
 
 def test_spine_link_cut_while_idle_is_found_by_probes_alone():

@@ -69,6 +69,29 @@ def gtest_passed_names(output):
     return {re.sub(r"^\w+/(\w+\.\w+)/\w+$", r"\1", name) for name in ran}
 
 
+# First in this file: the longest run in a VM, so that in CI (scripts/test.sh
+# --full) its import of torch runs beside the C++ stages rather than beside
+# the Python suites, which keep both cores busier.
+def test_torch_over_verbs_in_the_vm():
+    import maestro_torch
+
+    if not maestro_torch._C.has_verbs:
+        pytest.fail("maestro_torch was built without the verbs transport although this test runs as root: "
+                    "install libibverbs-dev and librdmacm-dev and rebuild (scripts/test.sh --full does)")
+    env_python = sys.executable
+    # Liveness bounds, not speed: the run inside the VM takes 3-4 minutes
+    # on an idle 2-core host, nearly all of it importing torch (210 s: its
+    # Python and its 3 GB of libraries under an emulated CPU), and that
+    # import took 523 s with both cores kept busy (scripts/flaky.sh
+    # --contention) and, at an even share of the CPU, 1133 s beside CI's
+    # Python stage (the harness now gives QEMU a larger share, and this
+    # test runs first, beside the C++ stages); the ranks' own work took 22 s.
+    # The harness bounds the boot apart (600 s: it took 508 s in one such
+    # run, which left the command too little of a bound shared with it).
+    p = harness("--", env_python, "tests/softroce/torch_over_verbs.py", command_timeout=1200)
+    assert p.returncode == 0 and "torch over verbs: PASS" in p.stdout
+
+
 def test_verbs_transport_in_one_vm(verbs_tests_binary):
     p = harness("--", verbs_tests_binary, "--gtest_filter=-VerbsTwoVms.*")
     assert p.returncode == 0, "verbs tests failed in the VM"
@@ -83,21 +106,3 @@ def test_verbs_between_two_vms(verbs_tests_binary):
     p = harness("--two-vms", "--", verbs_tests_binary, "--gtest_filter=VerbsTwoVms.*")
     assert p.returncode == 0, "the two-VM run failed"
     assert p.stdout.count("[  PASSED  ] 1 test") == 2, "both VMs must run the two-VM test"
-
-
-def test_torch_over_verbs_in_the_vm():
-    import maestro_torch
-
-    if not maestro_torch._C.has_verbs:
-        pytest.fail("maestro_torch was built without the verbs transport although this test runs as root: "
-                    "install libibverbs-dev and librdmacm-dev and rebuild (scripts/test.sh --full does)")
-    env_python = sys.executable
-    # Liveness bounds, not speed: the run inside the VM takes about 3 minutes
-    # on an idle 2-core host, nearly all of it importing torch over the VM's
-    # shared filesystem, and that import alone took 523 s with both cores
-    # kept busy (scripts/flaky.sh --contention), past the 540 s this bound
-    # once was; the ranks' own work took 22 s there. The harness bounds the
-    # boot apart (600 s: it took 508 s in one such run, which left the
-    # command too little of a bound shared with it).
-    p = harness("--", env_python, "tests/softroce/torch_over_verbs.py", command_timeout=1200)
-    assert p.returncode == 0 and "torch over verbs: PASS" in p.stdout
