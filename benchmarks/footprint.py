@@ -19,6 +19,9 @@ Subgroups: what the groups of a 2-D DeviceMesh (init_device_mesh, world/4 x 4:
 each rank in a row and a column group) add to a rank after one allreduce in
 each -- maestro as it comes (its subgroups on the default group's paths),
 with MAESTRO_SHARE_PATHS=0 (each subgroup on paths of its own), and gloo.
+Where a footprint launch has a subgroups variant's configuration (maestro,
+gloo), it measures the subgroups too, after its footprint: the same state
+a launch of their own starts from, one launch fewer.
 
 The rank side runs under torch.distributed.run: footprint.py rank ARGS.
 """
@@ -62,7 +65,10 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def rank_footprint(variant: str) -> None:
+def rank_footprint(variant: str, mesh: bool = False) -> None:
+    """A fresh group's footprint after one small allreduce; with `mesh`, then
+    what a 2-D DeviceMesh's subgroups add to it (rank_mesh's measurement, in
+    the same processes: it starts from this very state)."""
     import torch
     import torch.distributed as dist
 
@@ -74,18 +80,22 @@ def rank_footprint(variant: str) -> None:
             "rss_MB": _proc_status("VmRSS") / 1024.0}
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, mine)
+    result = {"backend": variant, "world": dist.get_world_size(), "ranks": rows}
+    if mesh:
+        result["mesh"] = _mesh_added(variant)
     if dist.get_rank() == 0:
-        print("RESULT " + json.dumps({"backend": variant, "world": dist.get_world_size(), "ranks": rows}), flush=True)
+        print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 
-def rank_mesh(variant: str) -> None:
+def _mesh_added(variant: str) -> dict:
+    """What the groups of a 2-D DeviceMesh add to this rank after one
+    allreduce in each, from where the default group stands (initialised,
+    one allreduce done): the subgroups' record of one launch."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group(variant.split("-")[0])
-    dist.all_reduce(torch.ones(1024))
     n = dist.get_world_size()
     before = {"threads": _proc_status("Threads"), "fds": len(os.listdir("/proc/self/fd"))}
     t0 = time.perf_counter()
@@ -97,8 +107,18 @@ def rank_mesh(variant: str) -> None:
             "fds_added": len(os.listdir("/proc/self/fd")) - before["fds"]}
     rows = [None] * n
     dist.all_gather_object(rows, mine)
+    return {"backend": variant, "world": n, "ranks": rows}
+
+
+def rank_mesh(variant: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(variant.split("-")[0])
+    dist.all_reduce(torch.ones(1024))
+    result = _mesh_added(variant)
     if dist.get_rank() == 0:
-        print("RESULT " + json.dumps({"backend": variant, "world": n, "ranks": rows}), flush=True)
+        print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 
@@ -156,17 +176,19 @@ def launch_script(world: int, script_argv: list[str], env: dict | None = None, t
     raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without a result:\n{p.stderr[-3000:]}")
 
 
-def interleaved(what: str, variants: dict, worlds: list[int], trials: int, summary, once_above: int = 0) -> dict:
-    """Launch `rank what <variant>` for every variant and world size, trials
-    times over, interleaved (once only for worlds above once_above, where it
-    is set); summary(record) is printed after each launch."""
+def interleaved(what: str, variants: dict, worlds: list[int], trials: int, summary, once_above: int = 0,
+                argv=lambda variant, world: []) -> dict:
+    """Launch `rank what <variant> ARGV` for every variant and world size,
+    trials times over, interleaved (once only for worlds above once_above,
+    where it is set); argv(variant, world) gives a launch's extra arguments,
+    summary(record) is printed after each launch."""
     runs = []
     for trial in range(trials):
         for world in worlds:
             if trial and once_above and world > once_above:
                 continue
             for backend, env in variants.items():
-                rec = launch(world, [what, backend], env)
+                rec = launch(world, [what, backend, *argv(backend, world)], env)
                 rec["trial"] = trial
                 runs.append(rec)
                 print(f"{what}: {backend} x{world} trial {trial}: {summary(rec)}", file=sys.stderr, flush=True)
@@ -174,15 +196,37 @@ def interleaved(what: str, variants: dict, worlds: list[int], trials: int, summa
             **({"once_above": once_above} if once_above and trials > 1 else {})}
 
 
-def footprint(worlds: list[int], trials: int, once_above: int = 0) -> dict:
-    return interleaved("footprint", VARIANTS, worlds, trials,
-                       lambda rec: f"threads {max(r['threads'] for r in rec['ranks'])}, "
-                                   f"fds {max(r['fds'] for r in rec['ranks'])}", once_above)
+def footprint_and_subgroups(worlds: list[int], trials: int, once_above: int, mesh_worlds: list[int]) -> dict:
+    """The footprint, and the subgroups at mesh_worlds (their first trial):
+    where a footprint variant runs with the subgroups' configuration
+    (maestro, gloo), its launch measures the subgroups too, after its
+    footprint -- one launch less per world and variant, 8 to 16 imports of
+    torch each; the subgroups' other variants (maestro-own) launch apart."""
+    shared = [v for v in MESH_VARIANTS if VARIANTS.get(v) == MESH_VARIANTS[v]]
+    fp = interleaved("footprint", VARIANTS, worlds, trials, _footprint_summary, once_above,
+                     argv=lambda v, world: ["--mesh"] if v in shared and world in mesh_worlds else [])
+    measured = {}
+    for rec in fp["runs"]:
+        mesh = rec.pop("mesh", None)
+        if mesh is not None and rec["trial"] == 0:
+            measured[(mesh["backend"], mesh["world"])] = {**mesh, "trial": 0}
+    runs = []
+    for world in mesh_worlds:
+        for backend, env in MESH_VARIANTS.items():
+            rec = measured.get((backend, world))
+            if rec is None:
+                rec = {**launch(world, ["mesh", backend], env), "trial": 0}
+            runs.append(rec)
+            print(f"mesh: {backend} x{world}: {_mesh_summary(rec)}", file=sys.stderr, flush=True)
+    return {"footprint": fp, "subgroups": {"paths": 2, "worlds": mesh_worlds, "trials": 1, "runs": runs}}
 
 
-def subgroups(worlds: list[int], trials: int) -> dict:
-    return interleaved("mesh", MESH_VARIANTS, worlds, trials,
-                       lambda rec: f"fds added {max(r['fds_added'] for r in rec['ranks'])}")
+def _footprint_summary(rec: dict) -> str:
+    return f"threads {max(r['threads'] for r in rec['ranks'])}, fds {max(r['fds'] for r in rec['ranks'])}"
+
+
+def _mesh_summary(rec: dict) -> str:
+    return f"fds added {max(r['fds_added'] for r in rec['ranks'])}"
 
 
 def cpu_cost(worlds: list[int], size: int, rounds: int, iters: int) -> dict:
@@ -199,15 +243,16 @@ def cpu_cost(worlds: list[int], size: int, rounds: int, iters: int) -> dict:
 def measure(quick: bool) -> dict:
     """Both parts, as the suite records them."""
     if quick:
-        return {"footprint": footprint([2, 4], 1), "subgroups": subgroups([4], 1), "cpu": cpu_cost([2], 16 << 20, 2, 2)}
+        return {**footprint_and_subgroups([2, 4], 1, 0, [4]), "cpu": cpu_cost([2], 16 << 20, 2, 2)}
     # Two trials: threads, descriptors and memory come out the same in every
     # trial, set-up time varies (both trials are shown); one at 8, 16 and 32
     # ranks, whose launches take 12, 22 and 43 s on 2 cores (their set-up's
     # spread is over 8 to 32 ranks). The subgroups' one: what they add is
     # counted, the same in every trial, and their set-up's spread is over
     # the ranks.
-    return {"footprint": footprint([2, 4, 8, 16, 32], 2, once_above=4), "subgroups": subgroups([8, 16], 1),
-            "cpu": cpu_cost([2, 4], 64 << 20, 5, 3)}
+    # The subgroups are measured in the footprint's launches where their
+    # configurations agree (footprint_and_subgroups).
+    return {**footprint_and_subgroups([2, 4, 8, 16, 32], 2, 4, [8, 16]), "cpu": cpu_cost([2, 4], 64 << 20, 5, 3)}
 
 
 def main() -> int:
@@ -215,12 +260,13 @@ def main() -> int:
         ap = argparse.ArgumentParser()
         ap.add_argument("what", choices=["footprint", "mesh", "cpu"])
         ap.add_argument("backend", nargs="?")
+        ap.add_argument("--mesh", action="store_true", help="footprint: then the subgroups' measurement too")
         ap.add_argument("--size", type=int, default=64 << 20)
         ap.add_argument("--rounds", type=int, default=5)
         ap.add_argument("--iters", type=int, default=3)
         a = ap.parse_args(sys.argv[2:])
         if a.what == "footprint":
-            rank_footprint(a.backend)
+            rank_footprint(a.backend, a.mesh)
         elif a.what == "mesh":
             rank_mesh(a.backend)
         else:
