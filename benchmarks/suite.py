@@ -12,7 +12,8 @@ Experiments (paper figure):
     p2p_paths     Fig. 8   point-to-point bandwidth vs paths (64 KiB writes), maestro vs one path vs gloo
     chunk_size    Fig. 9   per-chunk completion times and throughput vs chunk size
     collectives   Fig.10   allreduce/allgather busbw vs size, every policy vs gloo, pinned and ECMP (adaptive and
-                           round_robin up to 64 MiB: the median of 3 interleaved passes)
+                           round_robin up to 64 MiB: the median of 3 interleaved passes; weighted and latency
+                           stop at 64 MiB)
     small_cells   -        allgather 4-64 KiB, pinned and ECMP: the default policy beside round_robin and a
                            second group of round_robin's configuration, launch by launch (what a launch resolves)
     p2p_alltoall  -        sendrecv (ring neighbours, batch_isend_irecv) and all_to_all_single busbw vs size,
@@ -185,7 +186,13 @@ def exp_chunk_size(ctx):
 
 
 COLLECTIVES_WHY = ("each peer runs on one path, at that path's rate from 4 MiB on, and a call of it at 256 MiB takes "
-                   "9-17 s; gloo-4dev runs as gloo, a collective taking one of its devices")
+                   "9-17 s; gloo-4dev runs as gloo, a collective taking one of its devices; from 16 MiB every policy "
+                   "runs at the links' rate (0.89-0.93 of the limit at 16-256 MiB in the record at f7f8d45), so "
+                   "weighted and latency stop at 64 MiB, where they read as at 256 MiB")
+# The policies besides the default, round_robin (its reference) and
+# adaptive+kernel (the congestion-control comparison) that stop at 64 MiB:
+# their 256 MiB cells, at 4-5 s a call, took about 2 minutes of the sweep.
+COLLECTIVES_POLICIES_UP_TO_64M = ("weighted", "latency")
 
 
 # The cells the targets are judged on run in interleaved passes, each pass
@@ -221,7 +228,7 @@ def exp_collectives(ctx):
         # one device a collective: gloo's figures), and at 256 MiB gloo
         # runs in the pinned run only; everywhere else every peer runs.
         peers = GLOO_PEERS if mode == "pinned" else ("gloo",)
-        up_to = {"pinned": ("gloo-4dev", "single"), "ecmp": ("gloo", "single")}[mode]
+        up_to = {"pinned": ("gloo-4dev", "single"), "ecmp": ("gloo", "single")}[mode] + COLLECTIVES_POLICIES_UP_TO_64M
         variants = ",".join(peers + policies + ("single",))
         with ctx.lab("col" + mode[0], mode=mode) as lab:
             for coll in ("allreduce", "allgather"):
@@ -421,13 +428,17 @@ def exp_tuner(ctx):
     trials, each rotating the order of the variants; a cell runs 20 timed
     iterations (1 MiB: as many as the budget plans) after its warm-up. And
     the reduce's: auto beside direct, tree and ring forced, and gloo, on
-    the lab, in interleaved trials too."""
+    the lab, in interleaved trials too. --quick: the lab and 6 ranks on
+    loopback, two sizes, one trial."""
     import footprint
     sizes = "16K,256K" if ctx.quick else "64,1K,4K,8K,16K,64K,256K,512K,1M"
     variants = TUNER_VARIANTS
     trials = 1 if ctx.quick else 3
-    # setting -> ranks on this host; 6: the ranks beyond a power of two folded in
-    loopback = {"loopback-4": 4, "loopback-6": 6, "loopback-8": 8}
+    # setting -> ranks on this host; 6: the ranks beyond a power of two folded in.
+    # --quick: 6 only, the setting with the most code in it (each loopback
+    # launch is torchrun's, every rank importing torch: 4 and 8 took about a
+    # minute of CI's smoke run).
+    loopback = {"loopback-6": 6} if ctx.quick else {"loopback-4": 4, "loopback-6": 6, "loopback-8": 8}
     settings = {"lab": "4 ranks on the pinned lab (4 hosts, 2 leaves, 4 spines)",
                 **{k: f"{n} ranks on this host over loopback" for k, n in loopback.items()}}
     runs = {}
