@@ -218,7 +218,8 @@ def footprint_and_subgroups(worlds: list[int], trials: int, once_above: int, mes
                 rec = {**launch(world, ["mesh", backend], env), "trial": 0}
             runs.append(rec)
             print(f"mesh: {backend} x{world}: {_mesh_summary(rec)}", file=sys.stderr, flush=True)
-    return {"footprint": fp, "subgroups": {"paths": 2, "worlds": mesh_worlds, "trials": 1, "runs": runs}}
+    return {"footprint": fp, "subgroups": {"paths": 2, "worlds": mesh_worlds, "trials": 1, "runs": runs,
+                                           "in_footprint_launch": sorted({b for b, _ in measured})}}
 
 
 def _footprint_summary(rec: dict) -> str:

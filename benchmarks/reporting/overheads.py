@@ -99,6 +99,15 @@ def launches(trials: int) -> str:
     return "one launch per variant" if trials == 1 else f"{trials} interleaved launches"
 
 
+def in_footprint_launch(sg: dict) -> str:
+    """Which variants' subgroups were measured in their footprint launch
+    (after its figures, from the state a launch of their own starts in)."""
+    shared = sg.get("in_footprint_launch")
+    if not shared:
+        return ""
+    return f" ({' and '.join(shared)}: in their footprint launch, after its figures, from the same state)"
+
+
 def footprint_subgroups(rec: dict) -> str:
     """What a 2-D DeviceMesh's row and column groups add to a rank, where the
     record has it."""
@@ -118,7 +127,8 @@ def footprint_subgroups(rec: dict) -> str:
     header = ["ranks (mesh)"] + [f"{v} {k}" for v in variants for k in ("+fds", "+threads", "set-up s")]
     return (f"Subgroups: what the two groups of a 2-D DeviceMesh (`init_device_mesh(\"cpu\", (n/4, 4))`: each "
             f"rank in a row and a column group) add to a rank once each has run an allreduce, median (min-max) over "
-            f"every rank of {launches(sg['trials'])}, {sg['paths']} paths per peer. maestro as it comes "
+            f"every rank of {launches(sg['trials'])}{in_footprint_launch(sg)}, {sg['paths']} paths per peer. "
+            f"maestro as it comes "
             f"runs its subgroups on the default group's paths (a descriptor is added only where a subgroup needs a "
             f"pair the default group had not connected); maestro-own (MAESTRO_SHARE_PATHS=0) gives each subgroup "
             f"paths of its own. Set-up: from init_device_mesh to the end of the last subgroup's allreduce.\n\n"

@@ -197,6 +197,11 @@ def test_footprint_says_how_many_launches_each_figure_is_over(tmp_path):
     md = report.render({"footprint": fp}, str(tmp_path))
     assert "over every rank of 2 interleaved launches (one above 8 ranks);" in md, md
     assert "over every rank of one launch per variant, " in md, md
+    # Subgroups measured in the footprint's own launches say so.
+    fp["data"]["subgroups"]["in_footprint_launch"] = ["gloo", "maestro"]
+    md = report.render({"footprint": fp}, str(tmp_path))
+    assert ("over every rank of one launch per variant (gloo and maestro: in their footprint launch, after its "
+            "figures, from the same state), ") in md, md
 
 
 def test_load_balance_with_gloo_peers_has_no_path_shares(tmp_path):
