@@ -5,7 +5,7 @@ them into docs/results.md (tables, PNG plots, the command and the machine
 under each). Needs root (network namespaces).
 
     scripts/bench.sh                      # everything (full mode: each record's `seconds` says how long its experiment took)
-    scripts/bench.sh --quick              # every experiment, small: CI's smoke test (about 550 s on CI's 2-core host)
+    scripts/bench.sh --quick              # every experiment, small: CI's smoke test (1,075 s beside the other suites in CI's run at 14dfa3f)
     python benchmarks/suite.py --only p2p_paths,latency --out /tmp/results
 
 Experiments (paper figure):
