@@ -51,6 +51,22 @@ def paths_to_the_right(res):
             for rank in (1, 3)}
 
 
+def chunks_moved(res, **extra):
+    """Chunks every rank moved off a cut or blackholed path, and what a failed
+    assertion needs to trace it: each rank's resends per path, the fence
+    drops, the pace, the closed paths with their reasons, and `extra`. Every
+    rank is counted, not only the senders of the crossings through the link:
+    which rank has a chunk in flight there when it goes (or learns of it from
+    a probe first, the ring stalled upstream) is the lab's routing and the
+    machine's pace, not what the tests check."""
+    resent = {r: [p["resent"] for p in its[-1]["paths"]] for r, its in enumerate(res["ranks"])}
+    seen = (f"resent per rank and path {resent}, fence drops {res['fence_drops']}, "
+            f"{len(res['ranks'][0])} iterations, "
+            + "".join(f"{k} {v}, " for k, v in extra.items())
+            + f"closed paths {res['closed_paths']}")
+    return sum(map(sum, resent.values())), seen
+
+
 def loop_through_a_cut(l, size, seconds, down_seconds, backstop):
     """rank_bench's allreduce loop, with the L1-s1 link down for a while from
     1.5 s after it is ready (the 3->0 crossing's path via spine 1
@@ -104,7 +120,8 @@ def test_spine_link_cut_mid_allreduce_fails_over_and_recovers():
     assert when_back < len(states), "the path never came back up"
     assert path1(ranks[3][-1])["bytes_sent"] > path1(ranks[3][when_back])["bytes_sent"], \
         "the path came back but carried nothing"
-    assert sum(p["resent"] for it in ranks[3][-1:] for p in it["paths"]) > 0, "no chunk was moved off the cut path"
+    moved, seen = chunks_moved(res)
+    assert moved > 0, "no chunk was moved off the cut path: " + seen
     # No iteration (barrier, allreduce, the loop's own check) waited for the
     # backstop: a liveness bound with a wide margin, not a speed target
     # (the failover experiment measures the stall: a few hundred ms).
@@ -138,7 +155,8 @@ def test_mid_size_collectives_are_exact_across_hosts_and_through_a_spine_link_cu
     assert any(s > 5 for s in starts), f"no allreduce started after the link came back: {starts}"
     cycles = [b - a for a, b in zip(starts, starts[1:])]
     assert max(cycles) < 5, f"an iteration took {max(cycles):.1f} s: the path was not closed by its traffic"
-    assert sum(p["resent"] for p in its[3][-1]["paths"]) > 0, "no chunk was moved off the cut path"
+    moved, seen = chunks_moved(res)
+    assert moved > 0, "no chunk was moved off the cut path: " + seen
 
 
 def test_a_brief_blackhole_moves_chunks_and_their_late_originals_are_dropped():
@@ -162,15 +180,8 @@ def test_a_brief_blackhole_moves_chunks_and_their_late_originals_are_dropped():
             time.sleep(1)
         res = result_of(ranks.wait(300))
     assert all(it["ok"] for rank in res["ranks"] for it in rank), "every result stays exact"
-    # What a failure is traced by: each rank's chunks moved per path, its
-    # closed paths and why, the pulses, the pace.
-    resent = {r: [p["resent"] for p in its[-1]["paths"]] for r, its in enumerate(res["ranks"])}
-    seen = (f"resent per rank and path {resent}, fence drops {res['fence_drops']}, pulses {pulses} s, "
-            f"{len(res['ranks'][0])} allreduces, closed paths {res['closed_paths']}")
-    # Every rank is counted, not only the senders of the crossings named
-    # above: which rank's paths cross the link is the lab's routing, not
-    # what this test checks.
-    assert sum(map(sum, resent.values())) > 0, "no chunk was moved off the blackholed paths: " + seen
+    moved, seen = chunks_moved(res, pulses=pulses)
+    assert moved > 0, "no chunk was moved off the blackholed paths: " + seen
     # The receivers of those crossings dropped late originals: the pulses
     # ended before the paths were found dead, so TCP delivered them.
     assert sum(res["fence_drops"]) > 0, "no late original was dropped: " + seen
