@@ -57,6 +57,18 @@ set -euo pipefail
 cd "$ROOT"
 mkdir -p build
 stage_name="set-up: system packages" stage_start=$start stage_times=()
+# CPU seconds, beside the wall time: which stage or group is worth shortening
+# is the one that takes the most of the 2 cores, not the longest. children_cpu
+# sets `cpu` to the CPU time (user + sys) of every process this shell has
+# waited for (`times`, a builtin: in a subshell of its own it would see none).
+cpu=0
+children_cpu() {
+  local f; f=$(mktemp)
+  times >"$f"
+  cpu=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); n += a[1] * 60 + a[2] } printf "%d", n }' "$f")
+  rm -f "$f"
+}
+stage_cpu=0 cpu_apart=0  # the CPU at the stage's start; that of waits counted on their own lines
 beside_names=() beside_pids=() beside_files=()  # the Python tests run beside the stages (beside())
 setup_pid=""  # the set-up's, while it runs beside the C++ stages
 # The Python test groups run beside the others only without arguments for
@@ -72,16 +84,21 @@ print_stages() {
   local pid
   for pid in "${beside_pids[@]}" $setup_pid; do pkill -P "$pid" 2>/dev/null; kill "$pid" 2>/dev/null; done
   stage ""
-  echo "== stage times"
+  echo "== stage times (wall, CPU)"
   printf '%s\n' "${stage_times[@]}"
+  children_cpu
+  local wall=$(( $(date +%s) - start ))
+  echo "   in all: $wall s, $cpu s of CPU ($(awk -v c="$cpu" -v w="$wall" 'BEGIN { printf "%.2f", c / (w > 0 ? w : 1) }') cores busy on average)"
   return $rc
 }
 trap print_stages EXIT
 # stage NAME: ends the stage before (recording its time) and starts NAME.
 stage() {
   local now; now=$(date +%s)
-  [ -n "$stage_name" ] && stage_times+=("$(printf '%5d s  %s' $((now - stage_start)) "$stage_name")")
-  stage_name=$1 stage_start=$now
+  children_cpu
+  [ -n "$stage_name" ] &&
+    stage_times+=("$(printf '%5d s %6s  %s' $((now - stage_start)) "$((cpu - stage_cpu - cpu_apart)) s" "$stage_name")")
+  stage_name=$1 stage_start=$now stage_cpu=$cpu cpu_apart=0
   [ -n "$1" ] && echo "== $1"
   return 0
 }
@@ -102,7 +119,8 @@ beside_run() {
     done
     t0=$(date +%s) rc=0
     "$@" >"$log" 2>&1 || rc=$?
-    echo "$(( $(date +%s) - t0 )) s, exit $rc" >"$log.took"
+    children_cpu
+    echo "$(( $(date +%s) - t0 )) s, $cpu s CPU, exit $rc" >"$log.took"
     exit $rc ) &
   beside_names+=("$name") beside_pids+=($!)
 }
@@ -121,7 +139,8 @@ beside() {
 # Waits for every group started by beside(), prints its output and time;
 # returns non-zero if one failed.
 await_beside() {
-  local i rc=0 one
+  local i rc=0 one before
+  children_cpu; before=$cpu
   for i in "${!beside_pids[@]}"; do
     one=0
     wait "${beside_pids[$i]}" || one=$?
@@ -129,6 +148,7 @@ await_beside() {
     cat "$ROOT/build/python-${beside_names[$i]}.log"
     [ $one = 0 ] || { echo "error: the Python tests beside (${beside_names[$i]}) failed" >&2; rc=$one; }
   done
+  children_cpu; cpu_apart=$((cpu_apart + cpu - before))  # on the groups' own lines
   beside_names=() beside_pids=()
   return $rc
 }
@@ -193,13 +213,15 @@ rm -f "$setup_log.took"
 setup_pid=$!
 await_setup() {
   [ -n "$setup_pid" ] || return 0
-  local rc=0
+  local rc=0 before
   kill -0 "$setup_pid" 2>/dev/null && stage "waiting for the set-up (scripts/env.sh), which runs beside the C++ stages"
+  children_cpu; before=$cpu
   wait "$setup_pid" || rc=$?
+  children_cpu; cpu_apart=$((cpu_apart + cpu - before))
   setup_pid=""
   cat "$setup_log"
   [ $rc = 0 ] || { echo "error: the set-up (scripts/env.sh) failed; its output is above ($setup_log)" >&2; exit $rc; }
-  stage_times+=("$(printf '%5d s  %s' "$(cat "$setup_log.took")" "set-up: .venv, packages and the extension (scripts/env.sh), beside the C++ stages")")
+  stage_times+=("$(printf '%5d s %6s  %s' "$(cat "$setup_log.took")" "$((cpu - before)) s" "set-up: .venv, packages and the extension (scripts/env.sh), beside the C++ stages")")
   source scripts/env.sh  # done already: quick; sets PY and PATH here
 }
 if [ $groups = 1 ]; then
