@@ -23,7 +23,10 @@ Where a footprint launch has a subgroups variant's configuration (maestro,
 gloo), it measures the subgroups too, after its footprint: the same state
 a launch of their own starts from, one launch fewer.
 
-The rank side runs under torch.distributed.run: footprint.py rank ARGS.
+The rank side is footprint.py rank ARGS, started as torchrun starts its
+workers (launch_script): each rank forked from a process that has imported
+torch (scripts/prefork.py), with torchrun's environment and the store hosted
+by the launcher, as torchrun's agent hosts it.
 """
 from __future__ import annotations
 
@@ -37,6 +40,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import labrun  # noqa: E402
+import prefork  # noqa: E402
 BACKENDS = ("maestro", "gloo")
 # The footprint's variants: maestro as it comes (ring neighbours connected at
 # start-up, other pairs on first use), maestro with every pair connected at
@@ -165,15 +171,43 @@ def launch(world: int, argv: list[str], env: dict | None = None, timeout: float 
 
 
 def launch_script(world: int, script_argv: list[str], env: dict | None = None, timeout: float = 600) -> dict:
-    """A rank script (its path, then its arguments) under torch.distributed.run
-    on `world` ranks of this host, over loopback: rank 0's RESULT."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *script_argv]
-    e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
+    """A rank script (its path, then its arguments) on `world` ranks of this
+    host, over loopback: rank 0's RESULT. Each rank has the environment
+    torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT, the store hosted here as torchrun's agent hosts it), but is
+    forked from scripts/prefork.py's server, which has imported torch: a
+    launch of 32 ranks under torchrun spent 33 imports of torch (3 s of CPU
+    each, 50 s of a 2-core host) before its first rank started. What a rank
+    reports (threads, descriptors, memory, set-up) is its own: the child
+    keeps none of the server's descriptors or threads."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    procs = []
+    try:
+        for rank in range(world):
+            e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                 "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+            procs.append(prefork.shared().popen(script_argv, env=e, cwd=ROOT, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True))
+        results = labrun.RankSet(procs).wait(timeout, fail_fast=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        del store
+    failed = [r for r in results if r.returncode != 0]
+    for line in results[0].stdout.splitlines():
+        if line.startswith("RESULT ") and not failed:
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode} without a result:\n{p.stderr[-3000:]}")
+    why = failed[0] if failed else results[0]
+    raise RuntimeError(f"{' '.join(script_argv)} on {world} ranks: rank {why.rank} exited {why.returncode} "
+                       f"without a result:\n{why.stderr[-3000:]}")
 
 
 def interleaved(what: str, variants: dict, worlds: list[int], trials: int, summary, once_above: int = 0,
@@ -241,19 +275,28 @@ def cpu_cost(worlds: list[int], size: int, rounds: int, iters: int) -> dict:
     return {"runs": out}
 
 
+# How the ranks are started (launch_script), as the record says it: the
+# memory a rank holds depends on it (a torchrun worker also holds the modules
+# its agent imported: 525 MB resident per rank in the record at f7f8d45, a
+# forked rank about 315).
+RANK_LAUNCH = "prefork"
+
+
 def measure(quick: bool) -> dict:
     """Both parts, as the suite records them."""
     if quick:
-        return {**footprint_and_subgroups([2, 4], 1, 0, [4]), "cpu": cpu_cost([2], 16 << 20, 2, 2)}
+        return {**footprint_and_subgroups([2, 4], 1, 0, [4]), "cpu": cpu_cost([2], 16 << 20, 2, 2),
+                "rank_launch": RANK_LAUNCH}
     # Two trials: threads, descriptors and memory come out the same in every
     # trial, set-up time varies (both trials are shown); one at 8, 16 and 32
-    # ranks, whose launches take 12, 22 and 43 s on 2 cores (their set-up's
-    # spread is over 8 to 32 ranks). The subgroups' one: what they add is
+    # ranks, whose launches took 12, 22 and 43 s on 2 cores under torchrun
+    # (their set-up's spread is over 8 to 32 ranks). The subgroups' one: what they add is
     # counted, the same in every trial, and their set-up's spread is over
     # the ranks.
     # The subgroups are measured in the footprint's launches where their
     # configurations agree (footprint_and_subgroups).
-    return {**footprint_and_subgroups([2, 4, 8, 16, 32], 2, 4, [8, 16]), "cpu": cpu_cost([2, 4], 64 << 20, 5, 3)}
+    return {**footprint_and_subgroups([2, 4, 8, 16, 32], 2, 4, [8, 16]), "cpu": cpu_cost([2, 4], 64 << 20, 5, 3),
+            "rank_launch": RANK_LAUNCH}
 
 
 def main() -> int:

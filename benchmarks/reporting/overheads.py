@@ -83,7 +83,8 @@ def sec_footprint(rec, out):
              if "maestro-eager" in variants else "")
     return ("Footprint and CPU cost per rank (loopback)",
             f"Per rank, after one small allreduce in a fresh group: threads, open file descriptors, resident "
-            f"memory (MB, torch included) and set-up time (s, init_process_group to the first allreduce), median "
+            f"memory (MB, torch included) and set-up time (s, init_process_group to the first allreduce) "
+            f"{rank_launch(rec['data'])}, median "
             f"(min-max) over every rank of {launches(fp['trials'])}"
             + (f" (one above {fp['once_above']} ranks)" if fp.get("once_above") else "")
             + f"; maestro with {fp['paths']} paths "
@@ -93,6 +94,14 @@ def sec_footprint(rec, out):
               f"same processes, timed alternately: busbw median (min-max) over the rounds, and CPU seconds (user + "
               f"system, every thread of every rank) per GB of tensor reduced.\n\n"
             + footprint_cpu_table(rec) + "\n\n" + footprint_subgroups(rec) + save(fig, out, "footprint"))
+
+
+def rank_launch(d: dict) -> str:
+    """How the footprint's ranks were started: what their memory holds."""
+    if d.get("rank_launch") == "prefork":
+        return ("of ranks started with torchrun's environment, each forked from a process that has imported torch "
+                "(scripts/prefork.py; a torchrun worker also holds the modules its agent imported, so more memory)")
+    return "of ranks started by torchrun"
 
 
 def launches(trials: int) -> str:
