@@ -211,10 +211,10 @@ def launch_script(world: int, script_argv: list[str], env: dict | None = None, t
 
 
 def interleaved(what: str, variants: dict, worlds: list[int], trials: int, summary, once_above: int = 0,
-                argv=lambda variant, world: []) -> dict:
+                argv=lambda variant, world, trial: []) -> dict:
     """Launch `rank what <variant> ARGV` for every variant and world size,
     trials times over, interleaved (once only for worlds above once_above,
-    where it is set); argv(variant, world) gives a launch's extra arguments,
+    where it is set); argv(variant, world, trial) gives a launch's extra arguments,
     summary(record) is printed after each launch."""
     runs = []
     for trial in range(trials):
@@ -222,7 +222,7 @@ def interleaved(what: str, variants: dict, worlds: list[int], trials: int, summa
             if trial and once_above and world > once_above:
                 continue
             for backend, env in variants.items():
-                rec = launch(world, [what, backend, *argv(backend, world)], env)
+                rec = launch(world, [what, backend, *argv(backend, world, trial)], env)
                 rec["trial"] = trial
                 runs.append(rec)
                 print(f"{what}: {backend} x{world} trial {trial}: {summary(rec)}", file=sys.stderr, flush=True)
@@ -234,15 +234,16 @@ def footprint_and_subgroups(worlds: list[int], trials: int, once_above: int, mes
     """The footprint, and the subgroups at mesh_worlds (their first trial):
     where a footprint variant runs with the subgroups' configuration
     (maestro, gloo), its launch measures the subgroups too, after its
-    footprint -- one launch less per world and variant, 8 to 16 imports of
-    torch each; the subgroups' other variants (maestro-own) launch apart."""
+    footprint (in its first trial only) -- one launch less per world and
+    variant; the subgroups' other variants (maestro-own) launch apart."""
     shared = [v for v in MESH_VARIANTS if VARIANTS.get(v) == MESH_VARIANTS[v]]
     fp = interleaved("footprint", VARIANTS, worlds, trials, _footprint_summary, once_above,
-                     argv=lambda v, world: ["--mesh"] if v in shared and world in mesh_worlds else [])
+                     argv=lambda v, world, trial: ["--mesh"] if v in shared and world in mesh_worlds and trial == 0
+                     else [])
     measured = {}
     for rec in fp["runs"]:
         mesh = rec.pop("mesh", None)
-        if mesh is not None and rec["trial"] == 0:
+        if mesh is not None:
             measured[(mesh["backend"], mesh["world"])] = {**mesh, "trial": 0}
     runs = []
     for world in mesh_worlds:
