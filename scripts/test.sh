@@ -60,15 +60,24 @@ stage_name="set-up: system packages" stage_start=$start stage_times=()
 # CPU seconds, beside the wall time: which stage or group is worth shortening
 # is the one that takes the most of the 2 cores, not the longest. children_cpu
 # sets `cpu` to the CPU time (user + sys) of every process this shell has
-# waited for (`times`, a builtin: in a subshell of its own it would see none).
-cpu=0
+# reaped (`times`, a builtin: in a subshell of its own it would see none).
+# The groups beside the stages (and the set-up) are reaped whenever they
+# end, in whatever stage is running then, so each writes its own CPU time
+# into its .took file and a stage's CPU leaves out what those that ended in
+# it wrote (apart_cpu).
+cpu=0 apart=0
 children_cpu() {
   local f; f=$(mktemp)
   times >"$f"
   cpu=$(awk 'NR == 2 { n = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); n += a[1] * 60 + a[2] } printf "%d", n }' "$f")
   rm -f "$f"
 }
-stage_cpu=0 cpu_apart=0  # the CPU at the stage's start; that of waits counted on their own lines
+apart_cpu() {  # sets `apart`: the CPU seconds the ended groups and set-up wrote ("W s, C s CPU, ...")
+  apart=$(cat "$ROOT"/build/python-*.log.took "$ROOT/build/setup.log.took" 2>/dev/null |
+    awk -F', ' '{ for (i = 1; i <= NF; i++) if ($i ~ / s CPU$/) n += $i } END { printf "%d", n }')
+}
+rm -f "$ROOT"/build/python-*.log.took
+stage_cpu=0 stage_apart=0  # at the stage's start
 beside_names=() beside_pids=() beside_files=()  # the Python tests run beside the stages (beside())
 setup_pid=""  # the set-up's, while it runs beside the C++ stages
 # The Python test groups run beside the others only without arguments for
@@ -95,10 +104,10 @@ trap print_stages EXIT
 # stage NAME: ends the stage before (recording its time) and starts NAME.
 stage() {
   local now; now=$(date +%s)
-  children_cpu
+  children_cpu; apart_cpu
   [ -n "$stage_name" ] &&
-    stage_times+=("$(printf '%5d s %6s  %s' $((now - stage_start)) "$((cpu - stage_cpu - cpu_apart)) s" "$stage_name")")
-  stage_name=$1 stage_start=$now stage_cpu=$cpu cpu_apart=0
+    stage_times+=("$(printf '%5d s %6s  %s' $((now - stage_start)) "$((cpu - stage_cpu - (apart - stage_apart))) s" "$stage_name")")
+  stage_name=$1 stage_start=$now stage_cpu=$cpu stage_apart=$apart
   [ -n "$1" ] && echo "== $1"
   return 0
 }
@@ -139,8 +148,7 @@ beside() {
 # Waits for every group started by beside(), prints its output and time;
 # returns non-zero if one failed.
 await_beside() {
-  local i rc=0 one before
-  children_cpu; before=$cpu
+  local i rc=0 one
   for i in "${!beside_pids[@]}"; do
     one=0
     wait "${beside_pids[$i]}" || one=$?
@@ -148,7 +156,6 @@ await_beside() {
     cat "$ROOT/build/python-${beside_names[$i]}.log"
     [ $one = 0 ] || { echo "error: the Python tests beside (${beside_names[$i]}) failed" >&2; rc=$one; }
   done
-  children_cpu; cpu_apart=$((cpu_apart + cpu - before))  # on the groups' own lines
   beside_names=() beside_pids=()
   return $rc
 }
@@ -209,19 +216,20 @@ asan_python() {
 # bounds are liveness bounds, not timings.
 setup_log=$ROOT/build/setup.log PY=$ROOT/.venv/bin/python
 rm -f "$setup_log.took"
-( t0=$(date +%s); source scripts/env.sh; echo $(( $(date +%s) - t0 )) >"$setup_log.took" ) >"$setup_log" 2>&1 &
+( t0=$(date +%s); source scripts/env.sh; children_cpu; echo "$(( $(date +%s) - t0 )) s, $cpu s CPU" >"$setup_log.took" ) \
+  >"$setup_log" 2>&1 &
 setup_pid=$!
 await_setup() {
   [ -n "$setup_pid" ] || return 0
-  local rc=0 before
+  local rc=0 took
   kill -0 "$setup_pid" 2>/dev/null && stage "waiting for the set-up (scripts/env.sh), which runs beside the C++ stages"
-  children_cpu; before=$cpu
   wait "$setup_pid" || rc=$?
-  children_cpu; cpu_apart=$((cpu_apart + cpu - before))
   setup_pid=""
   cat "$setup_log"
   [ $rc = 0 ] || { echo "error: the set-up (scripts/env.sh) failed; its output is above ($setup_log)" >&2; exit $rc; }
-  stage_times+=("$(printf '%5d s %6s  %s' "$(cat "$setup_log.took")" "$((cpu - before)) s" "set-up: .venv, packages and the extension (scripts/env.sh), beside the C++ stages")")
+  took=$(cat "$setup_log.took")  # "W s, C s CPU"
+  stage_times+=("$(printf '%5d s %6s  %s' "${took%% s,*}" "$(echo "$took" | awk -F', ' '{ print $2 }' | sed 's/ CPU$//')" \
+    "set-up: .venv, packages and the extension (scripts/env.sh), beside the C++ stages")")
   source scripts/env.sh  # done already: quick; sets PY and PATH here
 }
 if [ $groups = 1 ]; then
