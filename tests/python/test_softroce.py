@@ -69,36 +69,49 @@ def gtest_passed_names(output):
     return {re.sub(r"^\w+/(\w+\.\w+)/\w+$", r"\1", name) for name in ran}
 
 
-# First in this file: the longest run in a VM, so that in CI (scripts/test.sh
-# --full) its import of torch runs beside the C++ stages rather than beside
-# the Python suites, which keep both cores busier.
-def test_torch_over_verbs_in_the_vm():
+@pytest.fixture(scope="module")
+def one_vm(verbs_tests_binary):
+    """One VM boot for both one-VM runs (a boot is 18-44 s of emulated CPU on
+    an idle host, and took 508 s once beside CI's sanitizer builds): torch
+    over verbs first, then the C++ verbs tests; each test judges its own part
+    of the output. The torch run goes first so that in CI (scripts/test.sh
+    --full, where this file's group starts beside the C++ stages) its import
+    of torch, the longest part, runs beside the C++ stages rather than beside
+    the Python suites, which keep both cores busier.
+    Liveness bounds, not speed: the torch run takes 3-4 minutes on an idle
+    2-core host, nearly all of it importing torch (210 s: its Python and its
+    3 GB of libraries under an emulated CPU), and that import took 523 s
+    with both cores kept busy (scripts/flaky.sh --contention) and, at an even
+    share of the CPU, 1133 s beside CI's Python stage (the harness now gives
+    QEMU a larger share); the ranks' own work took 22 s. The C++ tests take
+    about 10 s in the VM: 420 s more is their bound. The harness bounds the
+    boot apart (600 s: it took 508 s in one such run)."""
     import maestro_torch
 
     if not maestro_torch._C.has_verbs:
         pytest.fail("maestro_torch was built without the verbs transport although this test runs as root: "
                     "install libibverbs-dev and librdmacm-dev and rebuild (scripts/test.sh --full does)")
-    env_python = sys.executable
-    # Liveness bounds, not speed: the run inside the VM takes 3-4 minutes
-    # on an idle 2-core host, nearly all of it importing torch (210 s: its
-    # Python and its 3 GB of libraries under an emulated CPU), and that
-    # import took 523 s with both cores kept busy (scripts/flaky.sh
-    # --contention) and, at an even share of the CPU, 1133 s beside CI's
-    # Python stage (the harness now gives QEMU a larger share, and this
-    # test runs first, beside the C++ stages); the ranks' own work took 22 s.
-    # The harness bounds the boot apart (600 s: it took 508 s in one such
-    # run, which left the command too little of a bound shared with it).
-    p = harness("--", env_python, "tests/softroce/torch_over_verbs.py", command_timeout=1200)
-    assert p.returncode == 0 and "torch over verbs: PASS" in p.stdout
+    script = ('"$1" tests/softroce/torch_over_verbs.py; t=$?; echo "torch over verbs: exit $t"; '
+              '"$2" --gtest_filter=-VerbsTwoVms.*; g=$?; echo "verbs tests: exit $g"; [ $t = 0 ] && [ $g = 0 ]')
+    p = harness("--", "sh", "-c", script, "one_vm", sys.executable, verbs_tests_binary, command_timeout=1200 + 420)
+    torch_part, _, gtest_part = p.stdout.partition("torch over verbs: exit ")
+    return p, torch_part, gtest_part
 
 
-def test_verbs_transport_in_one_vm(verbs_tests_binary):
-    p = harness("--", verbs_tests_binary, "--gtest_filter=-VerbsTwoVms.*")
-    assert p.returncode == 0, "verbs tests failed in the VM"
-    passed, skipped, failed = gtest_summary(p.stdout)
+# First in this file: see one_vm.
+def test_torch_over_verbs_in_the_vm(one_vm):
+    p, torch_part, _ = one_vm
+    assert "torch over verbs: PASS" in torch_part and "torch over verbs: exit 0" in p.stdout, \
+        "the torch run in the VM failed (its output is above)"
+
+
+def test_verbs_transport_in_one_vm(one_vm):
+    p, _, gtest_part = one_vm
+    assert "verbs tests: exit 0" in gtest_part, "verbs tests failed in the VM"
+    passed, skipped, failed = gtest_summary(gtest_part)
     assert failed == 0 and skipped == 0, f"{failed} failed, {skipped} skipped"
     want = verbs_tests_in_the_sources()
-    got = gtest_passed_names(p.stdout)
+    got = gtest_passed_names(gtest_part)
     assert len(want) >= 26 and got == want, (f"missing: {sorted(want - got)}; not in the sources: {sorted(got - want)}")
 
 
