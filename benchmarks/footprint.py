@@ -35,14 +35,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import labrun  # noqa: E402
-import prefork  # noqa: E402
 BACKENDS = ("maestro", "gloo")
 # The footprint's variants: maestro as it comes (ring neighbours connected at
 # start-up, other pairs on first use), maestro with every pair connected at
@@ -172,35 +170,13 @@ def launch(world: int, argv: list[str], env: dict | None = None, timeout: float 
 
 def launch_script(world: int, script_argv: list[str], env: dict | None = None, timeout: float = 600) -> dict:
     """A rank script (its path, then its arguments) on `world` ranks of this
-    host, over loopback: rank 0's RESULT. Each rank has the environment
-    torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT, the store hosted here as torchrun's agent hosts it), but is
-    forked from scripts/prefork.py's server, which has imported torch: a
-    launch of 32 ranks under torchrun spent 33 imports of torch (3 s of CPU
-    each, 50 s of a 2-core host) before its first rank started. What a rank
+    host, over loopback (scripts/labrun.py's run_local: torchrun's
+    environment, each rank forked from a process that has imported torch):
+    rank 0's RESULT. A 32-rank launch under torchrun spent 33 imports of
+    torch, 50 s of a 2-core host, before its first rank started. What a rank
     reports (threads, descriptors, memory, set-up) is its own: the child
     keeps none of the server's descriptors or threads."""
-    import datetime
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-    procs = []
-    try:
-        for rank in range(world):
-            e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
-                 "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
-            procs.append(prefork.shared().popen(script_argv, env=e, cwd=ROOT, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE, text=True))
-        results = labrun.RankSet(procs).wait(timeout, fail_fast=60)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        del store
+    results = labrun.run_local(world, script_argv, env=env, timeout=timeout)
     failed = [r for r in results if r.returncode != 0]
     for line in results[0].stdout.splitlines():
         if line.startswith("RESULT ") and not failed:

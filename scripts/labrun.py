@@ -167,6 +167,39 @@ def start(lab, script_argv: list[str], *, world: int | None = None, hosts: list[
     return RankSet(procs, on_line)
 
 
+def run_local(world: int, script_argv: list[str], *, env: dict | None = None, timeout: float = 600,
+              on_line=None) -> list[RankResult]:
+    """`python script_argv...` as `world` ranks of this host, over loopback,
+    no lab: each with the environment torchrun gives its workers (RANK,
+    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT,
+    the store hosted here as torchrun's agent hosts it), on top of this
+    process's environment, OMP_NUM_THREADS=1 and `env`; each forked from
+    scripts/prefork.py's shared server, which has imported torch (a launch
+    under torchrun imports it once more per rank, and once for its agent:
+    3 s of CPU each here). A rank that fails ends the others within 60 s."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    procs = []
+    try:
+        for rank in range(world):
+            e = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                 "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+            procs.append(prefork.shared().popen(script_argv, env=e, cwd=ROOT, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True))
+        return RankSet(procs, on_line).wait(timeout, fail_fast=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        del store
+
+
 def torchrun(lab, script_argv: list[str], *, env: dict | None = None, timeout: float = 3600,
              python: str | None = None) -> list[RankResult]:
     """torchrun on every host of the lab (--nnodes = hosts, one process per

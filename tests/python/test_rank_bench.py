@@ -5,7 +5,6 @@ after the warm-up, one RESULT line with a positive busbw per variant and
 size. No root needed."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,17 +14,26 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import rank_bench  # noqa: E402
 
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import labrun  # noqa: E402
+
+
+def sweep(*args):
+    """rank_bench.py sweep ARGS on 2 ranks of this host over loopback, started
+    as torchrun starts its workers (labrun.run_local): (exit code, rank 0's
+    stdout, every rank's stderr), the worse exit code of the two."""
+    ranks = labrun.run_local(2, [os.path.join(ROOT, "benchmarks", "rank_bench.py"), "sweep", *args], timeout=240)
+    return (max(ranks, key=lambda r: abs(r.returncode)).returncode, ranks[0].stdout,
+            "".join(r.stderr for r in ranks))
+
 
 @pytest.mark.parametrize("collective", rank_bench.SWEEP_COLLECTIVES)
 def test_sweep_on_loopback_is_exact_for_every_variant(collective):
     variants, sizes = ["gloo", "adaptive", "adaptive@min_chunk_size=256K", "single"], [4 << 10, 1 << 20]
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "benchmarks/rank_bench.py", "sweep", "--collective", collective, "--sizes", "4K,1M",
-            "--variants", ",".join(variants), "--budget", "0.05"]
-    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=240)
-    assert p.returncode == 0, p.stderr[-4000:]
-    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    rc, out, err = sweep("--collective", collective, "--sizes", "4K,1M",
+                         "--variants", ",".join(variants), "--budget", "0.05")
+    assert rc == 0, err[-4000:]
+    (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
     res = json.loads(line[len("RESULT "):])
     assert res["collective"] == collective and res["world"] == 2
     assert [(r["variant"], r["bytes"]) for r in res["rows"]] == [(v, s) for s in sizes for v in variants]
@@ -51,13 +59,10 @@ def test_a_long_cell_runs_no_warm_up_and_is_still_checked():
     # over 10 ms): no warm-up call, so the result is checked after the first
     # timed call (an allreduce in place: checked after any later call it
     # would be wrong, so the check is where it must be).
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "benchmarks/rank_bench.py", "sweep", "--collective", "allreduce", "--sizes", "16M,64M",
-            "--variants", "gloo,adaptive", "--budget", "0.05", "--long-call-s", "0.01"]
-    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=240)
-    assert p.returncode == 0, p.stderr[-4000:]
-    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    rc, out, err = sweep("--collective", "allreduce", "--sizes", "16M,64M",
+                         "--variants", "gloo,adaptive", "--budget", "0.05", "--long-call-s", "0.01")
+    assert rc == 0, err[-4000:]
+    (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
     rows = json.loads(line[len("RESULT "):])["rows"]
     assert [(r["bytes"], r["warmups"]) for r in rows] == [(16 << 20, 1), (16 << 20, 1), (64 << 20, 0), (64 << 20, 0)]
     assert all(r["exact"] for r in rows), rows
@@ -67,13 +72,11 @@ def test_trials_rotate_the_variants_in_one_launch_and_up_to_leaves_larger_cells_
     # The suite's trials in one launch (--trials): each pass rotates the
     # order, every pass has every cell, each checked; --up-to: single stops
     # at 4 KiB, in every pass.
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "benchmarks/rank_bench.py", "sweep", "--collective", "allgather", "--sizes", "4K,64K",
-            "--variants", "gloo,adaptive,single", "--budget", "0.02", "--trials", "3", "--up-to", "single=4K"]
-    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=240)
-    assert p.returncode == 0, p.stderr[-4000:]
-    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    rc, out, err = sweep("--collective", "allgather", "--sizes", "4K,64K",
+                         "--variants", "gloo,adaptive,single", "--budget", "0.02", "--trials", "3",
+                         "--up-to", "single=4K")
+    assert rc == 0, err[-4000:]
+    (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
     res = json.loads(line[len("RESULT "):])
     assert "rows" not in res and res["up_to"] == {"single": 4 << 10}
     orders = [["gloo", "adaptive", "single"], ["adaptive", "single", "gloo"], ["single", "gloo", "adaptive"]]
@@ -93,14 +96,11 @@ def test_repeat_runs_only_its_variants_up_to_its_size_after_the_first_pass_and_t
     # to 4 KiB, in rotating order; --extra-passes: then 2 more of adaptive
     # alone at 4 KiB; median_of_trials keeps the first pass's cells, each its
     # median pass's row with every pass's busbw beside it.
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "benchmarks/rank_bench.py", "sweep", "--collective", "allreduce", "--sizes", "4K,64K",
-            "--variants", "gloo,adaptive,single", "--budget", "0.02", "--trials", "3",
-            "--repeat", "adaptive,single:4K", "--extra-passes", "adaptive:4K:2"]
-    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=240)
-    assert p.returncode == 0, p.stderr[-4000:]
-    (line,) = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    rc, out, err = sweep("--collective", "allreduce", "--sizes", "4K,64K",
+                         "--variants", "gloo,adaptive,single", "--budget", "0.02", "--trials", "3",
+                         "--repeat", "adaptive,single:4K", "--extra-passes", "adaptive:4K:2")
+    assert rc == 0, err[-4000:]
+    (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
     res = json.loads(line[len("RESULT "):])
     assert res["repeat"] == {"variants": ["adaptive", "single"], "up_to": 4 << 10}
     assert res["extra_passes"] == {"variants": ["adaptive"], "up_to": 4 << 10, "passes": 2}
@@ -149,12 +149,9 @@ def test_extra_passes_need_a_size_a_count_and_swept_variants():
 
 
 def test_up_to_naming_a_variant_not_swept_is_refused():
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "benchmarks/rank_bench.py", "sweep", "--sizes", "4K", "--variants", "gloo", "--up-to", "single=4K"]
-    p = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                       timeout=240)
-    assert p.returncode != 0
-    assert "--up-to names ['single'], which are not among --variants ['gloo']" in p.stderr
+    rc, out, err = sweep("--sizes", "4K", "--variants", "gloo", "--up-to", "single=4K")
+    assert rc != 0
+    assert "--up-to names ['single'], which are not among --variants ['gloo']" in err
 
 
 class _Clock:

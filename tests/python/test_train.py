@@ -2,12 +2,13 @@
 paths), with tiny inputs so that it stays quick: maestro trains exactly as
 gloo does, step by step.
 
-The ranks are started as torchrun starts its workers: RANK, LOCAL_RANK,
-WORLD_SIZE, MASTER_ADDR/PORT in their environment, the c10d store hosted by
-the launcher (here the test, as tests/python/launcher.py does) on a port the
-kernel picks. torchrun's own agent process is left out: a third torch
-process per run and seconds of start-up on a 2-core machine, for the same
-code path in train.py.
+The ranks are started as torchrun starts its workers (scripts/labrun.py's
+run_local): RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT in their
+environment, the c10d store hosted by the launcher (here the test) on a port
+the kernel picks. torchrun's own agent process is left out, and each rank is
+forked from a process that has imported torch: a third torch process per run
+and 3 s of CPU per import on a 2-core machine, for the same code path in
+train.py.
 
 Exact equality is expected, not a tolerance: everything but the gradient
 allreduce is the same computation in both runs (same seeds, same data, same
@@ -17,15 +18,15 @@ Speed is printed, never asserted. bert-large is built from its config with
 the Hugging Face hub switched off (HF_HUB_OFFLINE): nothing is downloaded."""
 import json
 import os
-import datetime
-import subprocess
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import labrun  # noqa: E402
+
 TRAIN = os.path.join(ROOT, "benchmarks", "train.py")
 TINY = {"vgg19": ["--image-size", "32", "--batch", "2"], "bert-large": ["--seq-len", "8", "--batch", "2"]}
 # Two steps, the warm-up and one timed: the second step's losses depend on
@@ -38,40 +39,16 @@ STEPS = 2
 def train_2_ranks(tmp_path, model, backend, *extra):
     """Rank 0's --json result and its one summary line."""
     out = tmp_path / f"{model}-{backend}.json"
-    argv = [sys.executable, TRAIN, "--model", model, "--backend", backend, "--steps", str(STEPS), "--checksum",
+    argv = [TRAIN, "--model", model, "--backend", backend, "--steps", str(STEPS), "--checksum",
             "--no-progress", "--timeout", "120", "--json", str(out), *TINY[model], *extra]
-    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=900))
-    procs, logs = [], []
-    for rank in range(2):
-        env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                   TORCHELASTIC_USE_AGENT_STORE="True", HF_HUB_OFFLINE="1")
-        logs.append((open(tmp_path / f"{model}-{backend}-{rank}.out", "w+"),
-                     open(tmp_path / f"{model}-{backend}-{rank}.err", "w+")))
-        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=logs[-1][0], stderr=logs[-1][1], text=True))
-    try:
-        # A liveness bound, not a timing: beside the rest of --full on 2
-        # cores, bert-large's runs, 3 steps each then, once took over 300 s.
-        codes = [p.wait(timeout=900) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        del store
-    text = []
-    for o, e in logs:
-        o.seek(0)
-        e.seek(0)
-        text.append((o.read(), e.read()))
-        o.close()
-        e.close()
-    assert codes == [0, 0], "\n".join(f"rank {r} exited {c}:\n{text[r][0][-2000:]}{text[r][1][-4000:]}"
-                                      for r, c in enumerate(codes))
-    lines = [l for l in text[0][0].splitlines() if l.startswith(f"{model} ")]
-    assert len(lines) == 1, text[0][0]  # rank 0's one summary line
-    assert not text[1][0].strip(), text[1][0]  # rank 1 prints nothing
+    # A liveness bound, not a timing: beside the rest of --full on 2 cores,
+    # bert-large's runs, 3 steps each then, once took over 300 s.
+    ranks = labrun.run_local(2, argv, env={"HF_HUB_OFFLINE": "1"}, timeout=900)
+    assert all(r.returncode == 0 for r in ranks), "\n".join(
+        f"rank {r.rank} exited {r.returncode}:\n{r.stdout[-2000:]}{r.stderr[-4000:]}" for r in ranks)
+    lines = [l for l in ranks[0].stdout.splitlines() if l.startswith(f"{model} ")]
+    assert len(lines) == 1, ranks[0].stdout  # rank 0's one summary line
+    assert not ranks[1].stdout.strip(), ranks[1].stdout  # rank 1 prints nothing
     print(lines[0])
     return json.loads(out.read_text()), lines[0]
 
