@@ -4,11 +4,10 @@
 # the namespace leaf-spine lab (needs root), then benchmarks/report.py, which
 # turns the JSON into docs/results.md, docs/results/*.png, the headline
 # table in README.md and the tables of docs/performance.md.
-#   scripts/bench.sh                 # full mode (60-70 min on 2 cores: the record at f7f8d45
-#                                    # took 4,284 s on a 2-core AMD EPYC, the records at
-#                                    # c6dd8bf and 3332688 3,158 and 3,196 s on a Xeon; on the
-#                                    # EPYC at 6c45160 the footprint took 535 s instead of 713
-#                                    # and the collectives 831 s instead of 918: about 67 min)
+#   scripts/bench.sh                 # full mode (about 60 min on 2 cores: the record at
+#                                    # f1231ca took 59 min 24 s on a 2-core AMD EPYC, its
+#                                    # suite 3,544 s; the one at f7f8d45 4,284 s there, the
+#                                    # ones at c6dd8bf and 3332688 3,158 and 3,196 s on a Xeon)
 #   scripts/bench.sh --quick         # every experiment, small (8-18 min on a shared 2-core machine)
 #   scripts/bench.sh --only latency,discovery --out /tmp/r   # a subset, elsewhere
 #   scripts/bench.sh --only failover --loaded-seconds 600   # its loop under background traffic for 10 min

@@ -194,9 +194,16 @@ def test_footprint_says_how_many_launches_each_figure_is_over(tmp_path):
     fp = copy.deepcopy(recs["footprint"])
     fp["data"]["footprint"].update(trials=2, once_above=8)
     fp["data"]["subgroups"]["trials"] = 1
+    fp["data"]["subgroups"].pop("in_footprint_launch", None)  # a record from before that field
+    fp["data"].pop("rank_launch", None)  # and before this one: its ranks were torchrun's
     md = report.render({"footprint": fp}, str(tmp_path))
     assert "over every rank of 2 interleaved launches (one above 8 ranks);" in md, md
     assert "over every rank of one launch per variant, " in md, md
+    assert "of ranks started by torchrun, median" in md, md
+    # Ranks forked from the prefork server: the report says what their memory holds.
+    fp["data"]["rank_launch"] = "prefork"
+    md = report.render({"footprint": fp}, str(tmp_path))
+    assert "each forked from a process that has imported torch" in md and "started by torchrun" not in md, md
     # Subgroups measured in the footprint's own launches say so.
     fp["data"]["subgroups"]["in_footprint_launch"] = ["gloo", "maestro"]
     md = report.render({"footprint": fp}, str(tmp_path))
