@@ -73,8 +73,14 @@ children_cpu() {
   rm -f "$f"
 }
 apart_cpu() {  # sets `apart`: the CPU seconds the ended groups and set-up wrote ("W s, C s CPU, ...")
-  apart=$(cat "$ROOT"/build/python-*.log.took "$ROOT/build/setup.log.took" 2>/dev/null |
-    awk -F', ' '{ for (i = 1; i <= NF; i++) if ($i ~ / s CPU$/) n += $i } END { printf "%d", n }')
+  local f files=()
+  for f in "$ROOT"/build/python-*.log.took "$ROOT/build/setup.log.took"; do
+    if [ -f "$f" ]; then files+=("$f"); fi
+  done
+  apart=0
+  if [ ${#files[@]} -gt 0 ]; then
+    apart=$(awk -F', ' '{ for (i = 1; i <= NF; i++) if ($i ~ / s CPU$/) n += $i } END { printf "%d", n }' "${files[@]}")
+  fi
 }
 rm -f "$ROOT"/build/python-*.log.took
 stage_cpu=0 stage_apart=0  # at the stage's start
