@@ -178,9 +178,10 @@ def launch_script(world: int, script_argv: list[str], env: dict | None = None, t
     keeps none of the server's descriptors or threads."""
     results = labrun.run_local(world, script_argv, env=env, timeout=timeout)
     failed = [r for r in results if r.returncode != 0]
-    for line in results[0].stdout.splitlines():
-        if line.startswith("RESULT ") and not failed:
-            return json.loads(line[len("RESULT "):])
+    if not failed:
+        for line in results[0].stdout.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[len("RESULT "):])
     why = failed[0] if failed else results[0]
     raise RuntimeError(f"{' '.join(script_argv)} on {world} ranks: rank {why.rank} exited {why.returncode} "
                        f"without a result:\n{why.stderr[-3000:]}")
